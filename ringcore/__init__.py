@@ -1,0 +1,121 @@
+"""ringcore: the ring core shared by every ringtrain runner.
+
+Lifecycle and topology live here (``init``, ``rank``, ``size``, ...). Collectives on
+torch tensors are in :mod:`ringcore.torch` (``import ringcore.torch as hvd``) and are
+also reachable here by name (``ringcore.allreduce``), importing torch on first use.
+``import ringcore`` itself imports neither a framework nor pyspark, ray or petastorm.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._capabilities import (
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
+)
+from ._errors import (
+    CollectiveMismatchError,
+    HorovodInternalError,
+    NotInitializedError,
+    RendezvousError,
+    RingError,
+    RingInternalError,
+    StackError,
+    WorkerError,
+)
+from ._ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from ._process_sets import ProcessSet, global_process_set
+from ._rendezvous import Rendezvous, read_environment, start_store_server, worker_env
+from ._runtime import (
+    cross_rank,
+    cross_size,
+    init,
+    is_homogeneous,
+    is_initialized,
+    local_rank,
+    local_size,
+    rank,
+    shutdown,
+    size,
+)
+from ._topology import Topology, topology_from_hosts
+
+__version__ = "0.1.0"
+
+_TORCH_NAMES = (
+    "allgather",
+    "allgather_object",
+    "allreduce",
+    "allreduce_",
+    "alltoall",
+    "barrier",
+    "broadcast",
+    "broadcast_",
+    "broadcast_object",
+    "grouped_allreduce",
+    "reducescatter",
+)
+
+__all__ = [
+    "Adasum",
+    "Average",
+    "CollectiveMismatchError",
+    "HorovodInternalError",
+    "Max",
+    "Min",
+    "NotInitializedError",
+    "ProcessSet",
+    "Product",
+    "ReduceOp",
+    "RendezvousError",
+    "Rendezvous",
+    "RingError",
+    "RingInternalError",
+    "StackError",
+    "Sum",
+    "Topology",
+    "WorkerError",
+    "ccl_built",
+    "cross_rank",
+    "cross_size",
+    "cuda_built",
+    "ddl_built",
+    "global_process_set",
+    "gloo_built",
+    "gloo_enabled",
+    "init",
+    "is_homogeneous",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
+    "nccl_built",
+    "rank",
+    "read_environment",
+    "rocm_built",
+    "shutdown",
+    "size",
+    "start_store_server",
+    "topology_from_hosts",
+    "worker_env",
+    *_TORCH_NAMES,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TORCH_NAMES:
+        from . import torch as _torch_binding
+
+        return getattr(_torch_binding, name)
+    raise AttributeError(f"module 'ringcore' has no attribute {name!r}")

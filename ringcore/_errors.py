@@ -1,0 +1,99 @@
+"""The one exception tree of ringtrain.
+
+::
+
+    RingError
+    ├── NotInitializedError        ringcore used before init()
+    ├── RendezvousError            the ranks could not find each other
+    ├── RingInternalError          a collective could not complete (alias HorovodInternalError)
+    ├── CollectiveMismatchError    ranks disagree on a collective (shape, dtype, op, root)
+    ├── WorkerError                a worker raised; carries its rank, host and traceback
+    └── StackError                 installed packages that do not work together
+
+Every exception pickles with its fields intact (``__reduce__``) so that a worker's
+failure reaches the driver unchanged.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CollectiveMismatchError",
+    "HorovodInternalError",
+    "NotInitializedError",
+    "RendezvousError",
+    "RingError",
+    "RingInternalError",
+    "StackError",
+    "WorkerError",
+]
+
+
+class RingError(Exception):
+    """Root of every exception raised by ringtrain."""
+
+    def __reduce__(self):  # keep the message through pickling
+        return (type(self), self.args)
+
+
+class NotInitializedError(RingError, ValueError):
+    def __init__(self, message: str = "ringcore is not initialized; call init() first"):
+        super().__init__(message)
+
+
+class RendezvousError(RingError):
+    pass
+
+
+class RingInternalError(RingError):
+    pass
+
+
+HorovodInternalError = RingInternalError
+
+
+class CollectiveMismatchError(RingError, ValueError):
+    pass
+
+
+class StackError(RingError, ImportError):
+    pass
+
+
+class WorkerError(RingError):
+    """A worker's function raised. ``rank``, ``host``, ``traceback`` tell where and what;
+    ``output`` holds the last lines the worker printed, when the runner captured them."""
+
+    def __init__(
+        self,
+        rank: int,
+        host: str,
+        error_type: str,
+        message: str,
+        traceback: str = "",
+        output: str = "",
+    ):
+        self.rank = rank
+        self.host = host
+        self.error_type = error_type
+        self.message = message
+        self.traceback = traceback
+        self.output = output
+        text = f"rank {rank} on host {host} raised {error_type}: {message}"
+        if traceback:
+            text += f"\n\nTraceback of rank {rank}:\n{traceback.rstrip()}"
+        if output:
+            text += f"\n\nLast output of rank {rank}:\n{output.rstrip()}"
+        super().__init__(text)
+
+    def __reduce__(self):
+        return (
+            type(self),
+            (self.rank, self.host, self.error_type, self.message, self.traceback, self.output),
+        )
+
+    @classmethod
+    def from_exception(cls, rank: int, host: str, exc: BaseException) -> WorkerError:
+        import traceback as tb
+
+        text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(rank, host, type(exc).__name__, str(exc), text)

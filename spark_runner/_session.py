@@ -1,0 +1,43 @@
+"""A SparkSession set up the way ringtrain's workers need it, for scripts and tests.
+
+It sets what users otherwise trip over: ``PYSPARK_PYTHON`` (executors must run this
+interpreter, which has torch), loopback binding, and for ``local-cluster`` masters
+``SPARK_HOME`` (the pyspark package) and ``SPARK_WORKER_DIR`` (else executors write
+into site-packages).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from typing import Any
+
+
+def local_session(
+    master: str = "local[2]", app_name: str = "ringtrain", conf: dict[str, str] | None = None
+) -> Any:
+    """Create (or get) a SparkSession on this machine bound to 127.0.0.1."""
+    import pyspark
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if master.startswith("local-cluster"):
+        os.environ.setdefault("SPARK_HOME", os.path.dirname(pyspark.__file__))
+        os.environ.setdefault("SPARK_WORKER_DIR", tempfile.mkdtemp(prefix="ringtrain-spark-work-"))
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+    )
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()

@@ -1,0 +1,64 @@
+"""How many barrier tasks the cluster can hold at once, and waiting for them."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ringcore import RingError
+
+log = logging.getLogger("ringtrain.spark_runner")
+
+
+class NotEnoughSlotsError(RingError, ValueError):
+    pass
+
+
+def _conf(sc: Any, key: str, default: str) -> str:
+    return sc.getConf().get(key, default)
+
+
+def task_slots(sc: Any) -> int:
+    """Task slots Spark can run at once for the default resource profile."""
+    jsc = sc._jsc.sc()
+    profile = jsc.resourceProfileManager().defaultResourceProfile()
+    return int(jsc.maxNumConcurrentTasks(profile))
+
+
+def describe_cluster(sc: Any) -> str:
+    executors = max(int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1, 0)  # minus the driver
+    cores = _conf(sc, "spark.executor.cores", "?")
+    task_cpus = _conf(sc, "spark.task.cpus", "1")
+    if sc.master.startswith("local"):
+        return f"master {sc.master}, spark.task.cpus={task_cpus}"
+    return f"{executors} executors x spark.executor.cores={cores}, spark.task.cpus={task_cpus}"
+
+
+def wait_for_slots(sc: Any, num_proc: int, timeout_s: float) -> int:
+    """Return the slot count once it reaches ``num_proc``; raise before any job starts
+    when it cannot. Local masters have a fixed count; cluster masters get up to
+    ``timeout_s`` for executors to register."""
+    dynamic = _conf(sc, "spark.dynamicAllocation.enabled", "false").lower() == "true"
+    slots = task_slots(sc)
+    if slots >= num_proc:
+        return slots
+    fixed = sc.master.startswith("local") and not sc.master.startswith("local-cluster")
+    deadline = time.monotonic() + (0.0 if fixed else timeout_s)
+    if not fixed:
+        log.info("waiting up to %.0f s for %d task slots (have %d)", timeout_s, num_proc, slots)
+    while slots < num_proc and time.monotonic() < deadline:
+        time.sleep(0.5)
+        slots = task_slots(sc)
+    if slots >= num_proc:
+        return slots
+    hint = (
+        " Dynamic allocation is on: set spark.dynamicAllocation.minExecutors high enough, since a "
+        "barrier stage needs all its slots at once."
+        if dynamic
+        else ""
+    )
+    raise NotEnoughSlotsError(
+        f"The barrier stage needs {num_proc} task slots but the cluster has {slots} "
+        f"({describe_cluster(sc)}). Lower num_proc to {max(slots, 1)} or add executors/cores.{hint}"
+    )
