@@ -33,7 +33,7 @@ from ._errors import (
     WorkerError,
 )
 from ._ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
-from ._process_sets import ProcessSet, global_process_set
+from ._process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from ._rendezvous import Rendezvous, read_environment, start_store_server, worker_env
 from ._runtime import (
     cross_rank,
@@ -46,6 +46,8 @@ from ._runtime import (
     rank,
     shutdown,
     size,
+    start_timeline,
+    stop_timeline,
 )
 from ._topology import Topology, topology_from_hosts
 
@@ -53,16 +55,33 @@ __version__ = "0.1.0"
 
 _TORCH_NAMES = (
     "allgather",
+    "allgather_async",
     "allgather_object",
     "allreduce",
     "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
     "alltoall",
+    "alltoall_async",
     "barrier",
     "broadcast",
     "broadcast_",
+    "broadcast_async",
+    "broadcast_async_",
     "broadcast_object",
+    "grouped_allgather",
+    "grouped_allgather_async",
     "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
+    "join",
+    "poll",
     "reducescatter",
+    "reducescatter_async",
+    "synchronize",
 )
 
 __all__ = [
@@ -84,6 +103,10 @@ __all__ = [
     "Sum",
     "Topology",
     "WorkerError",
+    "add_process_set",
+    "remove_process_set",
+    "start_timeline",
+    "stop_timeline",
     "ccl_built",
     "cross_rank",
     "cross_size",

@@ -45,8 +45,10 @@ def mpi_built() -> bool:
 
 
 def mpi_enabled() -> bool:
-    # The MPI backend is not wired into init() yet; the engine issue adds it.
-    return False
+    """True when the running job moves its data through MPI (launched by mpirun)."""
+    from ._runtime import backend_name
+
+    return backend_name() == "mpi"
 
 
 def mpi_threads_supported() -> bool:

@@ -61,3 +61,29 @@ def get_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not an integer; e.g. {default}") from None
+
+
+# The op engine (Horovod's knobs, same names with RING_ or HOROVOD_).
+FUSION_THRESHOLD_ENV_VAR = "RING_FUSION_THRESHOLD"
+DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
+CYCLE_TIME_ENV_VAR = "RING_CYCLE_TIME"
+DEFAULT_CYCLE_TIME_MS = 1.0
+CACHE_CAPACITY_ENV_VAR = "RING_CACHE_CAPACITY"
+DEFAULT_CACHE_CAPACITY = 1024
+TIMELINE_ENV_VAR = "RING_TIMELINE"
+TIMELINE_MARK_CYCLES_ENV_VAR = "RING_TIMELINE_MARK_CYCLES"
+STALL_CHECK_TIME_ENV_VAR = "RING_STALL_CHECK_TIME_SECONDS"
+DEFAULT_STALL_CHECK_TIME_S = 60.0
+STALL_SHUTDOWN_TIME_ENV_VAR = "RING_STALL_SHUTDOWN_TIME_SECONDS"
+DEFAULT_STALL_SHUTDOWN_TIME_S = 0.0
+STALL_CHECK_DISABLE_ENV_VAR = "RING_STALL_CHECK_DISABLE"
+DYNAMIC_PROCESS_SETS_ENV_VAR = "RING_DYNAMIC_PROCESS_SETS"
+AUTOTUNE_ENV_VAR = "RING_AUTOTUNE"
+AUTOTUNE_LOG_ENV_VAR = "RING_AUTOTUNE_LOG"
+
+
+def get_bool(name: str, default: bool = False) -> bool:
+    raw = get_env(name)
+    if raw is None or raw == "":
+        return default
+    return raw.strip().lower() in ("1", "true", "yes", "on")

@@ -109,11 +109,37 @@ def _from_torchrun() -> Rendezvous | None:
     return Rendezvous(topo, addr, port, rank == 0 and not agent_store, src)
 
 
+MPI_RANK_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
+
+
+def _from_mpi() -> Rendezvous | None:
+    """Under ``mpirun`` (MPICH, Open MPI, MVAPICH): the topology comes from MPI itself."""
+    if not any(v in os.environ for v in MPI_RANK_VARS):
+        return None
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise RendezvousError(
+            "this process was launched by mpirun but mpi4py is not installed; "
+            "pip install 'ringtrain[mpi]' (or unset the MPI variables to run without MPI)"
+        ) from None
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    cross = comm.Split(local.Get_rank(), rank)
+    topo = Topology(
+        rank, size, local.Get_rank(), local.Get_size(), cross.Get_rank(), cross.Get_size()
+    )
+    local.Free()
+    cross.Free()
+    return Rendezvous(topo, "", 0, rank == 0, "mpi")
+
+
 def _single_process() -> Rendezvous:
     return Rendezvous(Topology(0, 1, 0, 1, 0, 1), "127.0.0.1", 0, True, "single process")
 
 
-READERS: list[Callable[[], Rendezvous | None]] = [_from_ring, _from_torchrun]
+READERS: list[Callable[[], Rendezvous | None]] = [_from_ring, _from_mpi, _from_torchrun]
 
 
 def read_environment() -> Rendezvous:

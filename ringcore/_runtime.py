@@ -18,6 +18,7 @@ from typing import Any
 from . import _config as cfg
 from ._errors import NotInitializedError, RendezvousError, RingInternalError
 from ._rendezvous import Rendezvous, hosted_store, read_environment
+from ._timeline import Timeline
 from ._topology import Topology
 
 log = logging.getLogger("ringtrain.ringcore")
@@ -42,11 +43,15 @@ class _State:
     rendezvous: Rendezvous
     store: Any
     owns_process_group: bool
+    engine: Any = None
+    coordinator: Any = None
+    dynamic_process_sets: bool = False
 
 
 _lock = threading.RLock()
 _state: _State | None = None
 _generation = 0
+_timeline = Timeline()
 
 
 def _is_loopback(addr: str) -> bool:
@@ -81,55 +86,204 @@ def _open_store(rdv: Rendezvous, timeout: datetime.timedelta) -> Any:
 
 
 def init(comm: Any = None, process_sets: Any = None) -> None:
-    """Join the job described by the environment. Idempotent; works again after shutdown()."""
-    global _state, _generation
-    if comm is not None or process_sets is not None:
+    """Join the job described by the environment. Idempotent; works again after shutdown().
+
+    ``process_sets``: a list of :class:`ProcessSet` to register on every rank, or
+    ``"dynamic"`` to allow ``add_process_set``/``remove_process_set`` later.
+    """
+    if comm is not None:
         raise NotImplementedError(
-            "init(comm=..., process_sets=...) is not supported yet; call init() and use the "
-            "global process set."
+            "init(comm=...) is not supported yet: ringcore always spans every launched rank. "
+            "Use process_sets=[ProcessSet(ranks)] to run collectives on a subset."
+        )
+    if (
+        process_sets is not None
+        and process_sets != "dynamic"
+        and not isinstance(process_sets, list | tuple)
+    ):
+        raise TypeError(
+            f"process_sets must be a list of ProcessSet or 'dynamic', got {process_sets!r}"
         )
     with _lock:
-        if _state is not None:
-            return
+        _init_locked(process_sets)
+
+
+def _init_locked(process_sets: Any) -> None:
+    global _state, _generation
+    if _state is not None:
+        return
+    import torch.distributed as dist
+
+    rdv = read_environment()
+    topo = rdv.topology
+    backend_name = (
+        cfg.get_env(cfg.BACKEND_ENV_VAR) or ("mpi" if rdv.source == "mpi" else cfg.DEFAULT_BACKEND)
+    ).lower()
+    if backend_name not in ("gloo", "mpi"):
+        raise ValueError(
+            f"{cfg.BACKEND_ENV_VAR}={backend_name!r} is not a backend; use 'gloo' or 'mpi'."
+        )
+    if backend_name == "mpi":
+        if rdv.source != "mpi":
+            raise RendezvousError(
+                f"{cfg.BACKEND_ENV_VAR}=mpi needs the job to be launched by mpirun (no MPI environment found)"
+            )
+        from ._backends import MPIBackend
+
+        _state = _State(topo, rdv, None, owns_process_group=False)
+        try:
+            _start_engine(_state, process_sets, MPIBackend())
+        except BaseException:
+            _state = None
+            raise
+        return
+    if rdv.source == "mpi":
+        rdv = _gloo_under_mpi(rdv)
+    start_timeout = datetime.timedelta(
+        seconds=cfg.get_float(cfg.START_TIMEOUT_ENV_VAR, cfg.DEFAULT_START_TIMEOUT_S)
+    )
+    op_timeout = datetime.timedelta(
+        seconds=cfg.get_float(cfg.GLOO_TIMEOUT_ENV_VAR, cfg.DEFAULT_GLOO_TIMEOUT_S)
+    )
+    if dist.is_initialized():
+        # Someone (a torchrun script, a test) already formed the default group: adopt it.
+        if dist.get_world_size() != topo.size or dist.get_rank() != topo.rank:
+            raise RendezvousError(
+                f"torch.distributed is already initialized as rank {dist.get_rank()} of "
+                f"{dist.get_world_size()}, but the environment says rank {topo.rank} of "
+                f"{topo.size}. Destroy that process group first or fix the environment."
+            )
+        _state = _State(topo, rdv, None, owns_process_group=False)
+        try:
+            _start_engine(_state, process_sets, _torch_backend())
+        except BaseException:
+            _state = None
+            raise
+        return
+    if _is_loopback(rdv.store_addr):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    backend = "gloo"
+    store = _open_store(rdv, start_timeout)
+    _generation += 1
+    prefixed = dist.PrefixStore(f"ringcore/{_generation}", store)
+    try:
+        dist.init_process_group(
+            backend, store=prefixed, rank=topo.rank, world_size=topo.size, timeout=op_timeout
+        )
+    except Exception as exc:
+        raise RendezvousError(
+            f"rank {topo.rank} of {topo.size} could not form the Gloo ring through "
+            f"{rdv.store_addr}:{rdv.store_port} ({type(exc).__name__}: {exc})."
+        ) from exc
+    _state = _State(topo, rdv, store, owns_process_group=True)
+    try:
+        _start_engine(_state, process_sets, _torch_backend())
+    except BaseException:
+        _teardown(_state)
+        _state = None
+        raise
+    log.debug("rank %d/%d joined through %s", topo.rank, topo.size, rdv.source)
+
+
+def _advertised_address(rdv: Rendezvous) -> str:
+    import socket
+
+    host = os.environ.get(cfg.HOSTNAME_ENV_VAR)
+    if host:
+        return host
+    if rdv.source.startswith("mpi"):
+        single_host = rdv.topology.local_size == rdv.topology.size
+        return "127.0.0.1" if single_host else socket.gethostbyname(socket.gethostname())
+    if rdv.store_addr and (rdv.is_store_host or _is_loopback(rdv.store_addr)):
+        return rdv.store_addr
+    return socket.gethostbyname(socket.gethostname())
+
+
+def _torch_backend() -> Any:
+    from ._backends import TorchDistBackend
+
+    return TorchDistBackend()
+
+
+def _gloo_under_mpi(rdv: Rendezvous) -> Rendezvous:
+    """Gloo chosen under mpirun: rank 0 hosts the store; MPI tells everyone where."""
+    import socket
+    from dataclasses import replace
+
+    from mpi4py import MPI
+
+    from ._rendezvous import start_store_server
+
+    comm = MPI.COMM_WORLD
+    single_host = rdv.topology.local_size == rdv.topology.size
+    addr = "127.0.0.1" if single_host else socket.gethostbyname(socket.gethostname())
+    port = start_store_server(world_size=rdv.topology.size) if rdv.topology.rank == 0 else 0
+    addr, port = comm.bcast((addr, port), root=0)
+    return replace(rdv, store_addr=addr, store_port=port, source="mpi+gloo")
+
+
+def _start_engine(state: _State, process_sets: Any, backend: Any) -> None:
+    from ._coordinator import Coordinator, CoordinatorConfig
+    from ._engine import Engine
+
+    topo = state.topology
+    address = [""]
+    if topo.rank == 0:
+        conf = CoordinatorConfig(
+            size=topo.size,
+            fusion_threshold=cfg.get_int(
+                cfg.FUSION_THRESHOLD_ENV_VAR, cfg.DEFAULT_FUSION_THRESHOLD
+            ),
+            cycle_time_s=cfg.get_float(cfg.CYCLE_TIME_ENV_VAR, cfg.DEFAULT_CYCLE_TIME_MS) / 1000.0,
+            cache_capacity=cfg.get_int(cfg.CACHE_CAPACITY_ENV_VAR, cfg.DEFAULT_CACHE_CAPACITY),
+            stall_check_s=cfg.get_float(
+                cfg.STALL_CHECK_TIME_ENV_VAR, cfg.DEFAULT_STALL_CHECK_TIME_S
+            ),
+            stall_shutdown_s=cfg.get_float(
+                cfg.STALL_SHUTDOWN_TIME_ENV_VAR, cfg.DEFAULT_STALL_SHUTDOWN_TIME_S
+            ),
+            stall_check_enabled=not cfg.get_bool(cfg.STALL_CHECK_DISABLE_ENV_VAR),
+            autotune=cfg.get_bool(cfg.AUTOTUNE_ENV_VAR),
+            autotune_log=cfg.get_env(cfg.AUTOTUNE_LOG_ENV_VAR),
+        )
+        advertised = _advertised_address(state.rendezvous)
+        state.coordinator = Coordinator(
+            conf, host="127.0.0.1" if _is_loopback(advertised) else "0.0.0.0"
+        )
+        state.coordinator.start()
+        address[0] = f"{advertised}:{state.coordinator.port}"
+    host, port = backend.broadcast_object(address[0], 0).rsplit(":", 1)
+    timeout = cfg.get_float(cfg.START_TIMEOUT_ENV_VAR, cfg.DEFAULT_START_TIMEOUT_S)
+    state.engine = Engine(
+        backend, topo.rank, topo.size, (host, int(port)), _timeline, connect_timeout_s=timeout
+    )
+    state.dynamic_process_sets = process_sets == "dynamic" or cfg.get_bool(
+        cfg.DYNAMIC_PROCESS_SETS_ENV_VAR
+    )
+    path = cfg.get_env(cfg.TIMELINE_ENV_VAR)
+    if path and topo.rank == 0 and not _timeline.active:
+        _timeline.start(path, mark_cycles=cfg.get_bool(cfg.TIMELINE_MARK_CYCLES_ENV_VAR))
+    if isinstance(process_sets, list | tuple):
+        from ._process_sets import register_process_set
+
+        for ps in process_sets:
+            register_process_set(ps)
+
+
+def _teardown(state: _State) -> None:
+    if state.engine is not None:
+        state.engine.close()
+    if state.coordinator is not None:
+        state.coordinator.thread.join(timeout=30.0)
+    _timeline.stop()
+    if state.owns_process_group:
         import torch.distributed as dist
 
-        rdv = read_environment()
-        topo = rdv.topology
-        start_timeout = datetime.timedelta(
-            seconds=cfg.get_float(cfg.START_TIMEOUT_ENV_VAR, cfg.DEFAULT_START_TIMEOUT_S)
-        )
-        op_timeout = datetime.timedelta(
-            seconds=cfg.get_float(cfg.GLOO_TIMEOUT_ENV_VAR, cfg.DEFAULT_GLOO_TIMEOUT_S)
-        )
         if dist.is_initialized():
-            # Someone (a torchrun script, a test) already formed the default group: adopt it.
-            if dist.get_world_size() != topo.size or dist.get_rank() != topo.rank:
-                raise RendezvousError(
-                    f"torch.distributed is already initialized as rank {dist.get_rank()} of "
-                    f"{dist.get_world_size()}, but the environment says rank {topo.rank} of "
-                    f"{topo.size}. Destroy that process group first or fix the environment."
-                )
-            _state = _State(topo, rdv, None, owns_process_group=False)
-            return
-        if _is_loopback(rdv.store_addr):
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        backend = (cfg.get_env(cfg.BACKEND_ENV_VAR) or cfg.DEFAULT_BACKEND).lower()
-        if backend != "gloo":
-            raise ValueError(f"{cfg.BACKEND_ENV_VAR}={backend!r} is not supported yet; use 'gloo'.")
-        store = _open_store(rdv, start_timeout)
-        _generation += 1
-        prefixed = dist.PrefixStore(f"ringcore/{_generation}", store)
-        try:
-            dist.init_process_group(
-                backend, store=prefixed, rank=topo.rank, world_size=topo.size, timeout=op_timeout
-            )
-        except Exception as exc:
-            raise RendezvousError(
-                f"rank {topo.rank} of {topo.size} could not form the Gloo ring through "
-                f"{rdv.store_addr}:{rdv.store_port} ({type(exc).__name__}: {exc})."
-            ) from exc
-        _state = _State(topo, rdv, store, owns_process_group=True)
-        log.debug("rank %d/%d joined through %s", topo.rank, topo.size, rdv.source)
+            try:
+                dist.destroy_process_group()
+            except Exception as exc:  # a dead peer must not make shutdown fail
+                log.debug("destroy_process_group failed: %s", exc)
 
 
 def shutdown() -> None:
@@ -138,15 +292,36 @@ def shutdown() -> None:
     with _lock:
         if _state is None:
             return
-        if _state.owns_process_group:
-            import torch.distributed as dist
+        state, _state = _state, None
+        _teardown(state)
 
-            if dist.is_initialized():
-                try:
-                    dist.destroy_process_group()
-                except Exception as exc:  # a dead peer must not make shutdown fail
-                    log.debug("destroy_process_group failed: %s", exc)
-        _state = None
+
+def engine() -> Any:
+    state = _state
+    if state is None:
+        raise NotInitializedError()
+    return state.engine
+
+
+def backend_name() -> str | None:
+    """The data-plane backend of the running job ("gloo", "mpi", ...), None before init()."""
+    state = _state
+    return None if state is None or state.engine is None else state.engine.backend.name
+
+
+def dynamic_process_sets_enabled() -> bool:
+    state = _state
+    return bool(state and state.dynamic_process_sets)
+
+
+def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
+    """Record a Chrome-trace timeline of every op to ``file_path`` (rank 0 writes it)."""
+    if rank() == 0:
+        _timeline.start(file_path, mark_cycles=mark_cycles)
+
+
+def stop_timeline() -> None:
+    _timeline.stop()
 
 
 def is_initialized() -> bool:

@@ -69,11 +69,15 @@ def run_workers(
     env: dict[str, str] | None = None,
     timeout: float = 120.0,
     hosts: list[str] | None = None,
+    return_exceptions: bool = False,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``np`` ranks and return the results by rank.
 
     ``hosts`` fakes the host of every rank (to test local/cross ranks); every process
-    still runs on this machine and talks over 127.0.0.1.
+    still runs on this machine and talks over 127.0.0.1. With ``return_exceptions``,
+    a failed rank's :class:`WorkerError` takes its place in the list (as in
+    ``asyncio.gather``) and the other ranks run on; otherwise the first failure ends
+    every rank and is raised.
     """
     if np < 1:
         raise ValueError(f"np must be >= 1, got {np}")
@@ -120,19 +124,22 @@ def run_workers(
                 if conn in ready or procs[r].sentinel in ready:
                     try:
                         kind, data = conn.recv()
+                        value = cloudpickle.loads(data)
                     except EOFError:
                         procs[r].join(5.0)
-                        code = procs[r].exitcode
-                        raise WorkerError(
-                            r,
-                            hosts[r],
-                            "ProcessExit",
-                            f"the process exited with code {code} before returning",
-                        ) from None
+                        kind, value = (
+                            "error",
+                            WorkerError(
+                                r,
+                                hosts[r],
+                                "ProcessExit",
+                                f"the process exited with code {procs[r].exitcode} before returning",
+                            ),
+                        )
                     del pending[r]
-                    if kind == "error":
-                        raise cloudpickle.loads(data)
-                    results[r] = cloudpickle.loads(data)
+                    if kind == "error" and not return_exceptions:
+                        raise value
+                    results[r] = value
     finally:
         _end(procs)
         del store

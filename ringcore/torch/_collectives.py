@@ -1,292 +1,610 @@
-"""Synchronous collectives on torch tensors over the global Gloo group.
+"""Collectives on torch tensors, as Horovod's ``horovod.torch`` offers them.
 
-Each function checks its arguments, runs ``torch.distributed`` underneath and wraps
-a backend failure (a dead peer, a timeout) in :class:`RingInternalError`.
+Every op is submitted to the engine by name and returns a handle (``*_async``);
+``synchronize(handle)`` waits and returns the result, ``poll(handle)`` says whether it
+is done. The blocking forms are ``synchronize(op_async(...))``. Unnamed ops get
+deterministic names (``allreduce.noname.<n>``), so ranks that call ops in the same
+order agree on them.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
+import threading
 from typing import Any
 
 import cloudpickle
 import torch
-import torch.distributed as dist
 
-from .._errors import CollectiveMismatchError
+from .._adasum import is_power_of_two
+from .._engine import Handle, dtype_name
 from .._ops import ReduceOp, resolve_op
 from .._process_sets import ProcessSet, check_process_set, global_process_set
-from .._runtime import rank, size, translate_backend_error
+from .._runtime import engine, rank, size
 from ._compression import Compression, Compressor
 
 __all__ = [
     "allgather",
+    "allgather_async",
     "allgather_object",
     "allreduce",
     "allreduce_",
+    "allreduce_async",
+    "allreduce_async_",
     "alltoall",
+    "alltoall_async",
     "barrier",
     "broadcast",
     "broadcast_",
+    "broadcast_async",
+    "broadcast_async_",
     "broadcast_object",
+    "grouped_allgather",
+    "grouped_allgather_async",
     "grouped_allreduce",
+    "grouped_allreduce_",
+    "grouped_allreduce_async",
+    "grouped_allreduce_async_",
+    "grouped_reducescatter",
+    "grouped_reducescatter_async",
+    "join",
+    "poll",
     "reducescatter",
+    "reducescatter_async",
+    "synchronize",
 ]
 
-_TORCH_OPS = {
-    ReduceOp.Sum: dist.ReduceOp.SUM,
-    ReduceOp.Average: dist.ReduceOp.SUM,
-    ReduceOp.Min: dist.ReduceOp.MIN,
-    ReduceOp.Max: dist.ReduceOp.MAX,
-    ReduceOp.Product: dist.ReduceOp.PRODUCT,
-}
 _MAX_DIMS = 8
+_handles: dict[int, Any] = {}
+_handle_ids = itertools.count(1)
+_handles_lock = threading.Lock()
+_group_ids = itertools.count()
 
 
-def _call(what: str, fn, *args, **kwargs):
-    try:
-        return fn(*args, **kwargs)
-    except (RuntimeError, dist.DistError) as exc:
-        raise translate_backend_error(exc, what) from exc
+def _register(h: Handle | _Group) -> int:
+    with _handles_lock:
+        hid = next(_handle_ids)
+        _handles[hid] = h
+    return hid
+
+
+def poll(handle: int) -> bool:
+    """True when the op behind ``handle`` has finished (synchronize will not block)."""
+    with _handles_lock:
+        h = _handles.get(handle)
+    if h is None:
+        raise ValueError(f"handle {handle!r} is unknown or was already synchronized")
+    return h.done.is_set()
+
+
+def synchronize(handle: int) -> Any:
+    """Wait for the op behind ``handle`` and return its result (raises its error)."""
+    with _handles_lock:
+        h = _handles.pop(handle, None)
+    if h is None:
+        raise ValueError(f"handle {handle!r} is unknown or was already synchronized")
+    h.done.wait()
+    if h.error is not None:
+        raise h.error
+    return h.result
 
 
 def _check_tensor(tensor: Any, what: str) -> None:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{what} takes a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dim() > _MAX_DIMS:
+        raise ValueError(
+            f"{what} takes tensors of at most {_MAX_DIMS} dimensions, got shape {tuple(tensor.shape)}"
+        )
 
 
 def _wire(tensor: torch.Tensor) -> torch.Tensor:
-    """Gloo moves no bool: carry it as uint8."""
-    return tensor.to(torch.uint8) if tensor.dtype == torch.bool else tensor
+    """The buffer the backend moves (Gloo carries no bool: uint8 instead)."""
+    t = tensor.detach()
+    t = t.to(torch.uint8) if t.dtype == torch.bool else t
+    return t if t.is_contiguous() else t.contiguous()
 
 
-def _scale(tensor: torch.Tensor, factor: float) -> None:
-    if factor == 1.0:
-        return
-    if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
-        tensor.mul_(factor)
-    else:  # integers scale as Horovod's C++ core does: multiply, truncate
-        tensor.copy_((tensor.to(torch.float64) * factor).trunc().to(tensor.dtype))
+def _request(kind: str, name: str, tensor: torch.Tensor, ps: int, **extra: Any) -> dict:
+    req = {
+        "n": name,
+        "k": kind,
+        "d": dtype_name(tensor.dtype),
+        "s": list(tensor.shape),
+        "ps": ps,
+        "o": 0,
+        "r": -1,
+        "pre": 1.0,
+        "post": 1.0,
+        "dev": tensor.device.type,
+    }
+    req.update(extra)
+    return req
 
 
-def allreduce_(
-    tensor: torch.Tensor,
-    average: bool | None = None,
-    name: str | None = None,
-    op: ReduceOp | int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
+def _back_to(dtype: torch.dtype):
+    return lambda t: t if t.dtype == dtype else t.to(dtype)
+
+
+# -- allreduce ----------------------------------------------------------------------
+
+
+def _allreduce_req(
+    tensor, name, op, prescale_factor, postscale_factor, process_set, what, group=None
+):
+    _check_tensor(tensor, what)
+    ps = check_process_set(process_set, what)
+    if op == ReduceOp.Adasum:
+        n = process_set.size() if process_set is not None else size()
+        if not is_power_of_two(n):
+            raise ValueError(
+                f"op=Adasum needs a power-of-two number of ranks, got {n}; use op=Average"
+            )
+        if not tensor.dtype.is_floating_point:
+            raise TypeError(f"op=Adasum needs a floating-point tensor, got {tensor.dtype}")
+    if tensor.dtype == torch.bool and op not in (ReduceOp.Min, ReduceOp.Max):
+        raise TypeError(f"allreduce of a bool tensor supports op=Min or Max, not {op.name}")
+    extra = {"o": int(op), "pre": float(prescale_factor), "post": float(postscale_factor)}
+    if group is not None:
+        extra.update(g=group[0], gn=group[1])
+    return _request("allreduce", name, tensor, ps, **extra)
+
+
+def allreduce_async_(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
     process_set: ProcessSet = global_process_set,
-) -> torch.Tensor:
-    """Reduce ``tensor`` in place across all ranks and return it."""
-    _check_tensor(tensor, "allreduce_")
-    check_process_set(process_set)
+) -> int:
+    """Start an in-place allreduce of ``tensor``; returns a handle."""
     rop = resolve_op(average, op)
-    if rop == ReduceOp.Adasum:
-        raise NotImplementedError("op=Adasum arrives with the op engine; use Average for now.")
-    if tensor.dtype == torch.bool and rop not in (ReduceOp.Min, ReduceOp.Max):
-        raise TypeError(f"allreduce of a bool tensor supports op=Min or Max, not {rop.name}")
+    eng = engine()
+    name = name or eng.auto_name("allreduce")
+    req = _allreduce_req(
+        tensor, name, rop, prescale_factor, postscale_factor, process_set, "allreduce_async_"
+    )
     wire = _wire(tensor)
-    _scale(wire, prescale_factor)
-    _call(f"allreduce of {name or 'a tensor'}", dist.all_reduce, wire, op=_TORCH_OPS[rop])
-    if rop == ReduceOp.Average:
-        if wire.dtype.is_floating_point or wire.dtype.is_complex:
-            wire.div_(size())
-        else:
-            wire.copy_(torch.div(wire, size(), rounding_mode="trunc"))
-    _scale(wire, postscale_factor)
-    if wire is not tensor:
-        tensor.copy_(wire)
-    return tensor
+
+    def finish(buf):
+        if buf.data_ptr() != tensor.data_ptr():
+            tensor.copy_(buf)
+        return tensor
+
+    return _register(eng.submit(Handle(name, "allreduce", tensor=wire, finish=finish), req))
+
+
+def allreduce_async(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set: ProcessSet = global_process_set,
+) -> int:
+    """Start an allreduce into a new tensor; returns a handle."""
+    rop = resolve_op(average, op)
+    eng = engine()
+    name = name or eng.auto_name("allreduce")
+    req = _allreduce_req(
+        tensor, name, rop, prescale_factor, postscale_factor, process_set, "allreduce_async"
+    )
+    buf = _wire(tensor).clone()
+    return _register(
+        eng.submit(Handle(name, "allreduce", tensor=buf, finish=_back_to(tensor.dtype)), req)
+    )
 
 
 def allreduce(
-    tensor: torch.Tensor,
-    average: bool | None = None,
-    name: str | None = None,
+    tensor,
+    average=None,
+    name=None,
     compression: type[Compressor] = Compression.none,
-    op: ReduceOp | int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
     process_set: ProcessSet = global_process_set,
-) -> torch.Tensor:
-    """Return the reduction of ``tensor`` over all ranks (Average by default)."""
+):
+    """The reduction of ``tensor`` over all ranks (Average by default), as a new tensor."""
     _check_tensor(tensor, "allreduce")
     compressed, ctx = compression.compress(tensor.detach())
-    out = compressed.clone() if compressed.data_ptr() == tensor.data_ptr() else compressed
-    allreduce_(out, average, name, op, prescale_factor, postscale_factor, process_set)
+    out = synchronize(
+        allreduce_async(
+            compressed, average, name, op, prescale_factor, postscale_factor, process_set
+        )
+    )
     return compression.decompress(out, ctx)
 
 
-def grouped_allreduce(
-    tensors: list[torch.Tensor],
-    average: bool | None = None,
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: ReduceOp | int | None = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> list[torch.Tensor]:
-    """Reduce a list of tensors as one fused unit (one buffer per dtype)."""
-    out: list[torch.Tensor | None] = [None] * len(tensors)
-    by_dtype: dict[torch.dtype, list[int]] = {}
-    for i, t in enumerate(tensors):
-        _check_tensor(t, "grouped_allreduce")
-        by_dtype.setdefault(t.dtype, []).append(i)
-    for idx in by_dtype.values():
-        flat = torch.cat([tensors[i].detach().reshape(-1) for i in idx])
-        reduced = allreduce(
-            flat, average, name, compression, op, prescale_factor, postscale_factor, process_set
-        )
-        offset = 0
-        for i in idx:
-            n = tensors[i].numel()
-            out[i] = reduced[offset : offset + n].view_as(tensors[i]).clone()
-            offset += n
-    return out  # type: ignore[return-value]
-
-
-def _gather_shapes(tensor: torch.Tensor, what: str, name: str | None) -> list[tuple[int, ...]]:
-    if tensor.dim() > _MAX_DIMS or tensor.dim() == 0:
-        raise ValueError(
-            f"{what} takes tensors of 1 to {_MAX_DIMS} dimensions, got shape {tuple(tensor.shape)}"
-        )
-    mine = torch.zeros(_MAX_DIMS + 1, dtype=torch.int64)
-    mine[0] = tensor.dim()
-    mine[1 : tensor.dim() + 1] = torch.tensor(tensor.shape, dtype=torch.int64)
-    every = [torch.empty_like(mine) for _ in range(size())]
-    _call(f"{what} of {name or 'a tensor'}", dist.all_gather, every, mine)
-    shapes = [tuple(int(x) for x in v[1 : int(v[0]) + 1]) for v in every]
-    if len({s[1:] for s in shapes}) != 1 or len({len(s) for s in shapes}) != 1:
-        detail = ", ".join(f"rank {r}: {s}" for r, s in enumerate(shapes))
-        raise CollectiveMismatchError(
-            f"{what} of {name or 'a tensor'}: ranks may differ only in the first dimension, "
-            f"but the shapes are {detail}. Make every dimension after the first agree."
-        )
-    return shapes
-
-
-def allgather(
-    tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set
-) -> torch.Tensor:
-    """Concatenate every rank's tensor along dim 0; first dimensions may differ."""
-    _check_tensor(tensor, "allgather")
-    check_process_set(process_set)
-    shapes = _gather_shapes(tensor, "allgather", name)
-    longest = max(s[0] for s in shapes)
-    wire = _wire(tensor.detach()).contiguous()
-    if wire.shape[0] < longest:
-        pad = wire.new_zeros((longest - wire.shape[0], *wire.shape[1:]))
-        wire = torch.cat([wire, pad])
-    parts = [torch.empty_like(wire) for _ in range(size())]
-    _call(f"allgather of {name or 'a tensor'}", dist.all_gather, parts, wire)
-    out = torch.cat([p[: s[0]] for p, s in zip(parts, shapes)])
-    return out.to(tensor.dtype)
-
-
-def broadcast_(
-    tensor: torch.Tensor,
-    root_rank: int,
-    name: str | None = None,
-    process_set: ProcessSet = global_process_set,
-) -> torch.Tensor:
-    _check_tensor(tensor, "broadcast_")
-    check_process_set(process_set)
-    if not 0 <= root_rank < size():
-        raise ValueError(
-            f"broadcast root_rank={root_rank} is not a rank of this job (size {size()})"
-        )
-    wire = _wire(tensor)
-    _call(f"broadcast of {name or 'a tensor'}", dist.broadcast, wire, src=root_rank)
-    if wire is not tensor:
-        tensor.copy_(wire)
-    return tensor
-
-
-def broadcast(
-    tensor: torch.Tensor,
-    root_rank: int,
-    name: str | None = None,
-    process_set: ProcessSet = global_process_set,
-) -> torch.Tensor:
-    """Return rank ``root_rank``'s ``tensor`` on every rank."""
-    _check_tensor(tensor, "broadcast")
-    return broadcast_(tensor.detach().clone(), root_rank, name, process_set)
-
-
-def alltoall(
-    tensor: torch.Tensor,
-    splits: torch.Tensor | list[int] | None = None,
-    name: str | None = None,
+def allreduce_(
+    tensor,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
     process_set: ProcessSet = global_process_set,
 ):
-    """Send ``splits[i]`` rows to rank i; receive from every rank in rank order.
+    """Reduce ``tensor`` in place and return it."""
+    return synchronize(
+        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+    )
 
-    As Horovod: returns the received tensor, and also the received splits when
-    ``splits`` was given.
-    """
+
+def _grouped_allreduce_async(
+    tensors, average, name, op, prescale_factor, postscale_factor, process_set, inplace
+):
+    rop = resolve_op(average, op)
+    eng = engine()
+    if not isinstance(tensors, list | tuple) or not tensors:
+        raise TypeError("grouped_allreduce takes a non-empty list of tensors")
+    base = name or eng.auto_name("grouped_allreduce")
+    gid = f"{base}#group"
+    items, handles = [], []
+    for i, t in enumerate(tensors):
+        n = f"{base}.{i}"
+        req = _allreduce_req(
+            t,
+            n,
+            rop,
+            prescale_factor,
+            postscale_factor,
+            process_set,
+            "grouped_allreduce",
+            group=(gid, len(tensors)),
+        )
+        if inplace:
+            wire = _wire(t)
+
+            def finish(buf, t=t):
+                return t if buf.data_ptr() == t.data_ptr() else t.copy_(buf)
+        else:
+            wire, finish = _wire(t).clone(), _back_to(t.dtype)
+        h = Handle(n, "allreduce", tensor=wire, finish=finish)
+        items.append((h, req))
+        handles.append(h)
+    eng.submit_many(items)
+    return _register(_Group(base, handles))
+
+
+class _Group:
+    """A handle over several handles (grouped ops): done when all are."""
+
+    def __init__(self, name: str, parts: list[Handle]):
+        self.name, self.parts = name, parts
+        self.done = _AllEvents(parts)
+
+    @property
+    def error(self) -> BaseException | None:
+        return next((p.error for p in self.parts if p.error is not None), None)
+
+    @property
+    def result(self) -> list[Any]:
+        return [p.result for p in self.parts]
+
+
+class _AllEvents:
+    def __init__(self, parts: list[Handle]):
+        self.parts = parts
+
+    def is_set(self) -> bool:
+        return all(p.done.is_set() for p in self.parts)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return all(p.done.wait(timeout) for p in self.parts)
+
+
+def grouped_allreduce_async(
+    tensors,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set: ProcessSet = global_process_set,
+) -> int:
+    return _grouped_allreduce_async(
+        tensors, average, name, op, prescale_factor, postscale_factor, process_set, False
+    )
+
+
+def grouped_allreduce_async_(
+    tensors,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set: ProcessSet = global_process_set,
+) -> int:
+    return _grouped_allreduce_async(
+        tensors, average, name, op, prescale_factor, postscale_factor, process_set, True
+    )
+
+
+def grouped_allreduce(
+    tensors,
+    average=None,
+    name=None,
+    compression: type[Compressor] = Compression.none,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set: ProcessSet = global_process_set,
+):
+    """Reduce a list of tensors as one fused unit; returns new tensors."""
+    packed = [compression.compress(t.detach()) for t in tensors]
+    outs = synchronize(
+        grouped_allreduce_async(
+            [p[0] for p in packed],
+            average,
+            name,
+            op,
+            prescale_factor,
+            postscale_factor,
+            process_set,
+        )
+    )
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, packed)]
+
+
+def grouped_allreduce_(
+    tensors,
+    average=None,
+    name=None,
+    op=None,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+    process_set: ProcessSet = global_process_set,
+):
+    return synchronize(
+        grouped_allreduce_async_(
+            tensors, average, name, op, prescale_factor, postscale_factor, process_set
+        )
+    )
+
+
+# -- allgather, broadcast, alltoall, reducescatter ------------------------------------
+
+
+def allgather_async(tensor, name=None, process_set: ProcessSet = global_process_set) -> int:
+    _check_tensor(tensor, "allgather")
+    if tensor.dim() == 0:
+        raise ValueError(
+            "allgather needs a tensor with at least one dimension; use tensor.reshape(1)"
+        )
+    ps = check_process_set(process_set, "allgather")
+    eng = engine()
+    name = name or eng.auto_name("allgather")
+    req = _request("allgather", name, tensor, ps)
+    return _register(
+        eng.submit(
+            Handle(name, "allgather", tensor=_wire(tensor), finish=_back_to(tensor.dtype)), req
+        )
+    )
+
+
+def allgather(tensor, name=None, process_set: ProcessSet = global_process_set):
+    """Concatenate every rank's tensor along dim 0 (first dimensions may differ)."""
+    return synchronize(allgather_async(tensor, name, process_set))
+
+
+def grouped_allgather_async(
+    tensors, name=None, process_set: ProcessSet = global_process_set
+) -> int:
+    eng = engine()
+    base = name or eng.auto_name("grouped_allgather")
+    hs = [
+        synchronize_later(allgather_async(t, f"{base}.{i}", process_set))
+        for i, t in enumerate(tensors)
+    ]
+    return _register(_Group(base, hs))
+
+
+def synchronize_later(handle: int) -> Handle:
+    with _handles_lock:
+        return _handles.pop(handle)
+
+
+def grouped_allgather(tensors, name=None, process_set: ProcessSet = global_process_set):
+    return synchronize(grouped_allgather_async(tensors, name, process_set))
+
+
+def broadcast_async_(
+    tensor, root_rank, name=None, process_set: ProcessSet = global_process_set
+) -> int:
+    _check_tensor(tensor, "broadcast")
+    ps = check_process_set(process_set, "broadcast")
+    members = (
+        process_set.ranks
+        if process_set is not None and process_set.ranks is not None
+        else range(size())
+    )
+    if root_rank not in members:
+        raise ValueError(
+            f"broadcast root_rank={root_rank} is not a rank of {process_set!r} (ranks {list(members)})"
+        )
+    eng = engine()
+    name = name or eng.auto_name("broadcast")
+    wire = _wire(tensor)
+
+    def finish(buf):
+        if buf.data_ptr() != tensor.data_ptr():
+            tensor.copy_(buf)
+        return tensor
+
+    req = _request("broadcast", name, tensor, ps, r=int(root_rank))
+    return _register(eng.submit(Handle(name, "broadcast", tensor=wire, finish=finish), req))
+
+
+def broadcast_async(
+    tensor, root_rank, name=None, process_set: ProcessSet = global_process_set
+) -> int:
+    return broadcast_async_(tensor.detach().clone(), root_rank, name, process_set)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set: ProcessSet = global_process_set):
+    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+
+
+def broadcast(tensor, root_rank, name=None, process_set: ProcessSet = global_process_set):
+    """Rank ``root_rank``'s ``tensor``, on every rank, as a new tensor."""
+    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+
+
+def alltoall_async(
+    tensor, splits=None, name=None, process_set: ProcessSet = global_process_set
+) -> int:
     _check_tensor(tensor, "alltoall")
-    check_process_set(process_set)
-    n = size()
+    ps = check_process_set(process_set, "alltoall")
+    n = process_set.size() if process_set is not None else size()
     rows = tensor.shape[0] if tensor.dim() else 0
     if splits is None:
         if rows % n:
             raise ValueError(
-                f"alltoall without splits needs the first dimension ({rows}) to divide by the "
-                f"number of ranks ({n}); pass splits= to send uneven parts."
+                f"alltoall without splits needs the first dimension ({rows}) to divide by the number "
+                f"of ranks ({n}); pass splits= to send uneven parts."
             )
-        send = torch.full((n,), rows // n, dtype=torch.int64)
+        send = [rows // n] * n
     else:
-        send = torch.as_tensor(splits, dtype=torch.int64).reshape(-1)
-        if send.numel() != n or int(send.sum()) != rows or bool((send < 0).any()):
+        send = [int(s) for s in torch.as_tensor(splits).reshape(-1).tolist()]
+        if len(send) != n or sum(send) != rows or min(send) < 0:
             raise ValueError(
-                f"alltoall splits={send.tolist()} must have one non-negative entry per rank ({n}) "
-                f"summing to the first dimension ({rows})."
+                f"alltoall splits={send} must have one non-negative entry per rank ({n}) summing to "
+                f"the first dimension ({rows})."
             )
-    recv = torch.empty_like(send)
-    _call(f"alltoall splits of {name or 'a tensor'}", dist.all_to_all_single, recv, send)
-    wire = _wire(tensor.detach()).contiguous()
-    out = wire.new_empty((int(recv.sum()), *wire.shape[1:]))
-    _call(
-        f"alltoall of {name or 'a tensor'}",
-        dist.all_to_all_single,
-        out,
-        wire,
-        output_split_sizes=recv.tolist(),
-        input_split_sizes=send.tolist(),
-    )
-    out = out.to(tensor.dtype)
-    return out if splits is None else (out, recv)
+    eng = engine()
+    name = name or eng.auto_name("alltoall")
+    dtype = tensor.dtype
+    want_splits = splits is not None
+
+    def finish(res):
+        return (res[0].to(dtype), res[1]) if want_splits else res[0].to(dtype)
+
+    req = _request("alltoall", name, tensor, ps, sp=send)
+    return _register(eng.submit(Handle(name, "alltoall", tensor=_wire(tensor), finish=finish), req))
 
 
-def reducescatter(
-    tensor: torch.Tensor,
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: ReduceOp | int = ReduceOp.Average,
+def alltoall(tensor, splits=None, name=None, process_set: ProcessSet = global_process_set):
+    """Send ``splits[i]`` rows to rank i; as Horovod, returns the received tensor, and
+    also the received splits when ``splits`` was given."""
+    return synchronize(alltoall_async(tensor, splits, name, process_set))
+
+
+def reducescatter_async(
+    tensor,
+    name=None,
+    op=ReduceOp.Average,
     process_set: ProcessSet = global_process_set,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> torch.Tensor:
-    """Reduce across ranks, then keep this rank's slice of dim 0 (the first
-    ``rows % size`` ranks get one row more, as Horovod splits)."""
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+) -> int:
     _check_tensor(tensor, "reducescatter")
     if tensor.dim() == 0:
         raise ValueError("reducescatter needs a tensor with at least one dimension")
-    reduced = allreduce(
-        tensor, None, name, compression, op, prescale_factor, postscale_factor, process_set
+    rop = ReduceOp(int(op))
+    if rop not in (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min, ReduceOp.Max, ReduceOp.Product):
+        raise ValueError(
+            f"reducescatter supports Average, Sum, Min, Max and Product, not {rop.name}"
+        )
+    ps = check_process_set(process_set, "reducescatter")
+    eng = engine()
+    name = name or eng.auto_name("reducescatter")
+    req = _request(
+        "reducescatter",
+        name,
+        tensor,
+        ps,
+        o=int(rop),
+        pre=float(prescale_factor),
+        post=float(postscale_factor),
     )
-    n, me = size(), rank()
-    rows = tensor.shape[0]
-    base, extra = divmod(rows, n)
-    start = me * base + min(me, extra)
-    return reduced[start : start + base + (1 if me < extra else 0)].clone()
+    return _register(
+        eng.submit(
+            Handle(
+                name, "reducescatter", tensor=_wire(tensor).clone(), finish=_back_to(tensor.dtype)
+            ),
+            req,
+        )
+    )
+
+
+def reducescatter(
+    tensor,
+    name=None,
+    compression: type[Compressor] = Compression.none,
+    op=ReduceOp.Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
+):
+    """Reduce across ranks, keep this rank's slice of dim 0 (the first ``rows % size``
+    ranks get one row more, as Horovod splits)."""
+    compressed, ctx = compression.compress(tensor.detach())
+    out = synchronize(
+        reducescatter_async(compressed, name, op, process_set, prescale_factor, postscale_factor)
+    )
+    return compression.decompress(out, ctx)
+
+
+def grouped_reducescatter_async(
+    tensors, name=None, op=ReduceOp.Average, process_set: ProcessSet = global_process_set
+) -> int:
+    eng = engine()
+    base = name or eng.auto_name("grouped_reducescatter")
+    hs = [
+        synchronize_later(reducescatter_async(t, f"{base}.{i}", op, process_set))
+        for i, t in enumerate(tensors)
+    ]
+    return _register(_Group(base, hs))
+
+
+def grouped_reducescatter(
+    tensors,
+    name=None,
+    compression: type[Compressor] = Compression.none,
+    op=ReduceOp.Average,
+    process_set: ProcessSet = global_process_set,
+):
+    packed = [compression.compress(t.detach()) for t in tensors]
+    outs = synchronize(grouped_reducescatter_async([p[0] for p in packed], name, op, process_set))
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, packed)]
+
+
+# -- barrier, join, objects -------------------------------------------------------------
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    check_process_set(process_set)
-    _call("barrier", dist.barrier)
+    ps = check_process_set(process_set, "barrier")
+    eng = engine()
+    name = eng.auto_name("barrier")
+    h = eng.submit(
+        Handle(name, "barrier"),
+        {
+            "n": name,
+            "k": "barrier",
+            "d": "",
+            "s": [],
+            "ps": ps,
+            "o": 0,
+            "r": -1,
+            "pre": 1.0,
+            "post": 1.0,
+            "dev": "",
+        },
+    )
+    synchronize(_register(h))
+
+
+def join(device: int = -1) -> int:
+    """Declare this rank out of data: until every rank has joined, the others'
+    allreduces go on with this rank contributing zeros (the neutral element for
+    Min/Max/Product). Returns the last rank to join."""
+    return synchronize(_register(engine().join()))
 
 
 def broadcast_object(
@@ -295,17 +613,18 @@ def broadcast_object(
     name: str | None = None,
     process_set: ProcessSet = global_process_set,
 ) -> Any:
-    """Return rank ``root_rank``'s ``obj`` (pickled with cloudpickle) on every rank."""
+    """Rank ``root_rank``'s ``obj`` (pickled with cloudpickle) on every rank."""
+    name = name or engine().auto_name("broadcast_object")
     payload = cloudpickle.dumps(obj) if rank() == root_rank else b""
     length = broadcast_(
-        torch.tensor([len(payload)], dtype=torch.int64), root_rank, name, process_set
+        torch.tensor([len(payload)], dtype=torch.int64), root_rank, f"{name}.len", process_set
     )
     buf = (
         torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         if payload
         else torch.empty(int(length), dtype=torch.uint8)
     )
-    broadcast_(buf, root_rank, name, process_set)
+    broadcast_(buf, root_rank, f"{name}.data", process_set)
     if rank() == root_rank:
         return obj
     return cloudpickle.load(io.BytesIO(buf.numpy().tobytes()))
@@ -314,11 +633,16 @@ def broadcast_object(
 def allgather_object(
     obj: Any, name: str | None = None, process_set: ProcessSet = global_process_set
 ) -> list[Any]:
-    """Return the list of every rank's ``obj``, ordered by rank."""
+    """The list of every rank's ``obj``, ordered by rank."""
+    name = name or engine().auto_name("allgather_object")
     payload = cloudpickle.dumps(obj)
-    mine = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    lengths = allgather(torch.tensor([len(payload)], dtype=torch.int64), name, process_set)
-    data = allgather(mine, name, process_set).numpy().tobytes()
+    mine = (
+        torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        if payload
+        else torch.empty(0, dtype=torch.uint8)
+    )
+    lengths = allgather(torch.tensor([len(payload)], dtype=torch.int64), f"{name}.len", process_set)
+    data = allgather(mine, f"{name}.data", process_set).numpy().tobytes()
     out, offset = [], 0
     for n in lengths.tolist():
         out.append(cloudpickle.loads(data[offset : offset + n]))

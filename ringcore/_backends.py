@@ -1,0 +1,161 @@
+"""The data plane: how bulk tensors move once the coordinator has ordered the ops.
+
+Two backends behind one small interface, used only from the engine's thread:
+Gloo (and NCCL on GPU) through ``torch.distributed``, and MPI through ``mpi4py``
+(under ``mpirun``). We write no transport: the ring algorithms are the libraries'.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ._ops import ReduceOp
+
+__all__ = ["MPIBackend", "TorchDistBackend"]
+
+
+class TorchDistBackend:
+    """Collectives through ``torch.distributed`` (the default process group and
+    groups made with ``new_group``)."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist
+        self.name = dist.get_backend()
+        self._ops = {
+            ReduceOp.Sum: dist.ReduceOp.SUM,
+            ReduceOp.Average: dist.ReduceOp.SUM,
+            ReduceOp.Min: dist.ReduceOp.MIN,
+            ReduceOp.Max: dist.ReduceOp.MAX,
+            ReduceOp.Product: dist.ReduceOp.PRODUCT,
+        }
+
+    def allreduce(self, t: torch.Tensor, op: ReduceOp, group: Any) -> None:
+        self.dist.all_reduce(t, op=self._ops[op], group=group)
+
+    def allgather(self, t: torch.Tensor, dims: list[int], group: Any) -> torch.Tensor:
+        longest = max(dims)
+        x = (
+            t
+            if t.shape[0] == longest
+            else torch.cat([t, t.new_zeros((longest - t.shape[0], *t.shape[1:]))])
+        )
+        parts = [torch.empty_like(x) for _ in dims]
+        self.dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat([p[:d] for p, d in zip(parts, dims)])
+
+    def broadcast(self, t: torch.Tensor, root: int, members: list[int], group: Any) -> None:
+        self.dist.broadcast(t, src=root, group=group)
+
+    def alltoall(
+        self, t: torch.Tensor, send: list[int], recv: list[int], group: Any
+    ) -> torch.Tensor:
+        out = t.new_empty((sum(recv), *t.shape[1:]))
+        self.dist.all_to_all_single(
+            out, t, output_split_sizes=recv, input_split_sizes=send, group=group
+        )
+        return out
+
+    def barrier(self, group: Any) -> None:
+        self.dist.barrier(group=group)
+
+    def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, group: Any) -> None:
+        ops = [
+            self.dist.P2POp(self.dist.isend, send, peer, group),
+            self.dist.P2POp(self.dist.irecv, recv, peer, group),
+        ]
+        for work in self.dist.batch_isend_irecv(ops):
+            work.wait()
+
+    def new_group(self, ranks: list[int], size: int) -> Any:
+        return self.dist.new_group(ranks) if len(ranks) < size else None
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        box = [obj]
+        self.dist.broadcast_object_list(box, src=root)
+        return box[0]
+
+
+class MPIBackend:
+    """Collectives through mpi4py on CPU tensors (numpy views, no copies except for
+    float16/bfloat16, which MPI lacks and which travel as float32)."""
+
+    name = "mpi"
+
+    def __init__(self, comm: Any = None) -> None:
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.world = comm if comm is not None else MPI.COMM_WORLD
+        self._ops = {
+            ReduceOp.Sum: MPI.SUM,
+            ReduceOp.Average: MPI.SUM,
+            ReduceOp.Min: MPI.MIN,
+            ReduceOp.Max: MPI.MAX,
+            ReduceOp.Product: MPI.PROD,
+        }
+
+    def _comm(self, group: Any) -> Any:
+        return self.world if group is None else group
+
+    @staticmethod
+    def _np(t: torch.Tensor):
+        if t.device.type != "cpu":
+            raise TypeError(f"the MPI backend moves CPU tensors only, got a tensor on {t.device}")
+        return t.numpy()
+
+    def _run_wide(self, t: torch.Tensor, fn) -> None:
+        if t.dtype in (torch.float16, torch.bfloat16):
+            wide = t.to(torch.float32)
+            fn(wide)
+            t.copy_(wide)
+        else:
+            fn(t)
+
+    def allreduce(self, t: torch.Tensor, op: ReduceOp, group: Any) -> None:
+        self._run_wide(
+            t,
+            lambda x: self._comm(group).Allreduce(self.MPI.IN_PLACE, self._np(x), op=self._ops[op]),
+        )
+
+    def allgather(self, t: torch.Tensor, dims: list[int], group: Any) -> torch.Tensor:
+        row = int(torch.tensor(t.shape[1:]).prod().item()) if t.dim() > 1 else 1
+        wide = t.to(torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t
+        out = wide.new_empty((sum(dims), *t.shape[1:]))
+        counts = [d * row for d in dims]
+        self._comm(group).Allgatherv(self._np(wide.contiguous()), [self._np(out), counts])
+        return out.to(t.dtype)
+
+    def broadcast(self, t: torch.Tensor, root: int, members: list[int], group: Any) -> None:
+        local_root = members.index(root)
+        self._run_wide(t, lambda x: self._comm(group).Bcast(self._np(x), root=local_root))
+
+    def alltoall(
+        self, t: torch.Tensor, send: list[int], recv: list[int], group: Any
+    ) -> torch.Tensor:
+        row = int(torch.tensor(t.shape[1:]).prod().item()) if t.dim() > 1 else 1
+        wide = t.to(torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t
+        out = wide.new_empty((sum(recv), *t.shape[1:]))
+        sc, rc = [s * row for s in send], [r * row for r in recv]
+        self._comm(group).Alltoallv([self._np(wide.contiguous()), sc], [self._np(out), rc])
+        return out.to(t.dtype)
+
+    def barrier(self, group: Any) -> None:
+        self._comm(group).Barrier()
+
+    def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, group: Any) -> None:
+        self.world.Sendrecv(
+            self._np(send.contiguous()), dest=peer, recvbuf=self._np(recv), source=peer
+        )
+
+    def new_group(self, ranks: list[int], size: int) -> Any:
+        if len(ranks) == size:
+            return None
+        comm = self.world.Create(self.world.Get_group().Incl(ranks))
+        return comm if comm != self.MPI.COMM_NULL else None
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        return self.world.bcast(obj, root=root)
