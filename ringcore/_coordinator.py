@@ -205,6 +205,14 @@ class Coordinator:
                 f"{any_req['k']} of {name!r} uses process set {ps}, which does not exist (removed?)",
             )
             return
+        gone_missing = [r for r in missing if r in self.gone]
+        if gone_missing:
+            self._send_error(
+                [key],
+                f"{any_req['k']} of {name!r}: ranks {gone_missing} already shut down",
+                kind="peer",
+            )
+            return
         joined_missing = [r for r in missing if r in self.joined]
         if len(joined_missing) < len(missing):
             return
@@ -235,7 +243,9 @@ class Coordinator:
         for key, entry in list(self.pending.items()):
             if key not in self.ready and rank in self._members(key[0]) and rank not in entry.reqs:
                 self._send_error(
-                    [key], f"{next(iter(entry.reqs.values()))['k']} of {key[1]!r}: {why}"
+                    [key],
+                    f"{next(iter(entry.reqs.values()))['k']} of {key[1]!r}: {why}",
+                    kind="peer",
                 )
 
     # -- responses --------------------------------------------------------------

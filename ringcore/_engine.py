@@ -228,7 +228,10 @@ class Engine:
         self._remember(ps, item["e"])
         handles = [self._take(ps, e["n"]) for e in item["e"]]
         if kind == "error":
-            cls = RingInternalError if item.get("x") == "stall" else CollectiveMismatchError
+            # a stall or a departed peer breaks the ring; a disagreement is the caller's error
+            cls = (
+                RingInternalError if item.get("x") in ("stall", "peer") else CollectiveMismatchError
+            )
             for h in handles:
                 if h is not None:
                     h.resolve(error=cls(item["msg"]))

@@ -388,23 +388,31 @@ def _autotune_worker():
     import ringcore.torch as hvd
 
     hvd.init()
-    for step in range(600):
+    for _ in range(600):
         hs = [hvd.allreduce_async(torch.ones(2048), name=f"w{i}") for i in range(4)]
         for h in hs:
             hvd.synchronize(h)
-    return step
 
 
 def test_autotune_tries_each_candidate_and_logs_the_trials_as_csv(tmp_path):
     import csv
 
     log = tmp_path / "autotune.csv"
-    run_workers(_autotune_worker, np=2, env={"RING_AUTOTUNE": "1", "RING_AUTOTUNE_LOG": str(log)}, timeout=180)
+    run_workers(
+        _autotune_worker,
+        np=2,
+        env={"RING_AUTOTUNE": "1", "RING_AUTOTUNE_LOG": str(log)},
+        timeout=180,
+    )
     rows = list(csv.DictReader(log.open()))
     trials = [r for r in rows if r["trial"] != "best"]
     assert len(trials) == 16
     assert {(r["fusion_threshold_bytes"], r["cycle_time_ms"]) for r in trials} == {
-        (str(f), str(c)) for f in (4 << 20, 16 << 20, 64 << 20, 128 << 20) for c in (0.5, 1.0, 2.5, 5.0)
+        (str(f), str(c))
+        for f in (4 << 20, 16 << 20, 64 << 20, 128 << 20)
+        for c in (0.5, 1.0, 2.5, 5.0)
     }
     best = [r for r in rows if r["trial"] == "best"]
-    assert len(best) == 1 and float(best[0]["bytes_per_second"]) == max(float(r["bytes_per_second"]) for r in trials)
+    assert len(best) == 1 and float(best[0]["bytes_per_second"]) == max(
+        float(r["bytes_per_second"]) for r in trials
+    )

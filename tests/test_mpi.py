@@ -13,7 +13,8 @@ import pytest
 
 MPIRUN = pathlib.Path(sys.executable).with_name("mpirun")
 pytestmark = pytest.mark.skipif(
-    not MPIRUN.exists() and shutil.which("mpirun") is None, reason="mpirun is not installed (pip install 'ringtrain[mpi]')"
+    not MPIRUN.exists() and shutil.which("mpirun") is None,
+    reason="mpirun is not installed (pip install 'ringtrain[mpi]')",
 )
 
 SCRIPT = r"""
@@ -47,11 +48,19 @@ def test_mpirun_runs_every_collective_through_mpi(tmp_path):
     script.write_text(SCRIPT)
     mpirun = str(MPIRUN) if MPIRUN.exists() else shutil.which("mpirun")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RING_", "HOROVOD_"))}
-    proc = subprocess.run([mpirun, "-n", "2", sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=120, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [mpirun, "-n", "2", sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = sorted((json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")),
-                     key=lambda r: r["rank"])
+    results = sorted(
+        (json.loads(line[7:]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")),
+        key=lambda r: r["rank"],
+    )
     assert [r["rank"] for r in results] == [0, 1]
     for res in results:
         assert res["size"] == 2 and res["mpi"] is True

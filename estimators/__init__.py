@@ -1,0 +1,13 @@
+"""estimators: Spark ML estimators that train with ringtrain's data-parallel ring.
+
+``RingEstimator(model=..., optimizer=..., loss=..., feature_cols=..., label_cols=...)
+.fit(df)`` trains a torch ``nn.Module`` on ``num_proc`` Spark tasks and returns a
+:class:`RingModel`, whose ``transform(df)`` appends ``<label>__output`` columns.
+Intermediate Parquet data and checkpoints live in a :class:`Store`.
+"""
+
+from ._estimator import RingEstimator
+from ._model import RingModel
+from ._store import LocalStore, Store
+
+__all__ = ["LocalStore", "RingEstimator", "RingModel", "Store"]

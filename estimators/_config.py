@@ -1,0 +1,166 @@
+"""An estimator's params checked against the DataFrame, before any Spark job starts.
+
+:func:`resolve_config` reads every param, checks it (each error names the param,
+the value seen and the setter that fixes it) and fills in the defaults that depend
+on the session (``num_proc``), on chance (``random_seed``, ``run_id``) or on the
+disk (``store``), returning one frozen :class:`FitConfig` for the rest of ``fit``.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from pyspark.sql import DataFrame
+
+from ringcore.data import READERS
+
+from ._columns import check_columns
+from ._metrics import resolve_metrics
+from ._store import Store
+
+__all__ = ["FitConfig", "resolve_config"]
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loss: Any
+    metrics: list[Any]
+    feature_cols: list[str]
+    label_cols: list[str]
+    validation: float
+    batch_size: int
+    val_batch_size: int
+    epochs: int
+    shuffle: bool
+    verbose: int
+    seed: int
+    store: Store
+    run_id: str
+    num_proc: int
+    train_steps_per_epoch: int | None
+    validation_steps_per_epoch: int | None
+    reader: str
+    reader_workers: int
+    backward_passes_per_step: int
+
+
+def _check_positive(name: str, value: Any, setter: str, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(
+            f"{name} must be a positive integer, got {value!r}. Set it with {setter}(...)."
+        )
+
+
+def _check_model(model: Any, optimizer: Any, loss: Any) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise ValueError(
+            f"model must be a torch.nn.Module, got {type(model).__name__}. Set it with setModel(...)."
+        )
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(
+            f"optimizer must be a torch.optim.Optimizer built on model.parameters(), got "
+            f"{type(optimizer).__name__}. Set it with setOptimizer(torch.optim.Adam(model.parameters()))."
+        )
+    known = {id(p) for p in model.parameters()}
+    foreign = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in known)
+    if foreign:
+        raise ValueError(
+            f"the optimizer holds {foreign} parameter(s) that are not in the model; build it on "
+            "model.parameters() of the model you pass as model."
+        )
+    if not callable(loss):
+        raise ValueError(
+            f"loss must be callable as loss(output, label), got {type(loss).__name__}. "
+            "Set it with setLoss(torch.nn.CrossEntropyLoss()), for example."
+        )
+
+
+def _check_columns(est: Any, df: DataFrame) -> None:
+    features, labels = est.getFeatureCols(), est.getLabelCols()
+    if not features:
+        raise ValueError(
+            "feature_cols is not set; name the input columns with setFeatureCols([...])."
+        )
+    if not labels:
+        raise ValueError("label_cols is not set; name the label columns with setLabelCols([...]).")
+    both = sorted(set(features) & set(labels))
+    if both:
+        raise ValueError(
+            f"column(s) {', '.join(both)} are in both feature_cols and label_cols; use each once."
+        )
+    for cols, what in ((features, "feature_cols"), (labels, "label_cols")):
+        dupes = sorted({c for c in cols if cols.count(c) > 1})
+        if dupes:
+            raise ValueError(f"{what} names {', '.join(dupes)} more than once.")
+    check_columns(df.schema, features, "feature", "setFeatureCols")
+    check_columns(df.schema, labels, "label", "setLabelCols")
+
+
+def _check_numbers(est: Any) -> None:
+    for name, setter, optional in (
+        ("batch_size", "setBatchSize", False),
+        ("val_batch_size", "setValBatchSize", True),
+        ("epochs", "setEpochs", False),
+        ("num_proc", "setNumProc", True),
+        ("train_steps_per_epoch", "setTrainStepsPerEpoch", True),
+        ("validation_steps_per_epoch", "setValidationStepsPerEpoch", True),
+        ("train_reader_num_workers", "setTrainReaderNumWorkers", False),
+        ("backward_passes_per_step", "setBackwardPassesPerStep", False),
+    ):
+        _check_positive(name, est.getOrDefault(name), setter, optional)
+    validation = est.getValidation()
+    if not 0.0 <= validation < 1.0:
+        raise ValueError(
+            f"validation is the fraction of rows held out, in [0, 1); got {validation}. "
+            "Set it with setValidation(0.1), for example."
+        )
+    if est.getReader() not in READERS:
+        raise ValueError(f"reader must be one of {', '.join(READERS)}; got {est.getReader()!r}.")
+
+
+def _default_run_id() -> str:
+    return f"run_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}"
+
+
+def resolve_config(est: Any, df: DataFrame) -> FitConfig:
+    """Check every param of ``est`` against ``df`` and resolve the defaults; starts no job."""
+    model, optimizer, loss = est.getModel(), est.getOptimizer(), est.getLoss()
+    _check_model(model, optimizer, loss)
+    resolve_metrics(est.getMetrics())
+    _check_columns(est, df)
+    _check_numbers(est)
+    seed = est.getRandomSeed()
+    store = est.getStore() or Store.create(tempfile.mkdtemp(prefix="ringtrain-store-"))
+    return FitConfig(
+        model=model,
+        optimizer=optimizer,
+        loss=loss,
+        metrics=list(est.getMetrics()),
+        feature_cols=list(est.getFeatureCols()),
+        label_cols=list(est.getLabelCols()),
+        validation=est.getValidation(),
+        batch_size=est.getBatchSize(),
+        val_batch_size=est.getValBatchSize() or est.getBatchSize(),
+        epochs=est.getEpochs(),
+        shuffle=est.getShuffle(),
+        verbose=est.getVerbose(),
+        seed=seed if seed is not None else random.randrange(2**31),
+        store=store,
+        run_id=est.getRunId() or _default_run_id(),
+        num_proc=est.getNumProc() or df.sparkSession.sparkContext.defaultParallelism,
+        train_steps_per_epoch=est.getTrainStepsPerEpoch(),
+        validation_steps_per_epoch=est.getValidationStepsPerEpoch(),
+        reader=est.getReader(),
+        reader_workers=est.getTrainReaderNumWorkers(),
+        backward_passes_per_step=est.getBackwardPassesPerStep(),
+    )

@@ -1,0 +1,178 @@
+"""Spark ML params generated from one table each: no hand-written getters or setters.
+
+Each row is a :class:`ParamSpec` (name, type converter, default, doc).
+:func:`with_params` turns a table into class-level ``Param`` objects and a generated
+``getX`` / ``setX`` pair per row (``batch_size`` → ``getBatchSize`` / ``setBatchSize``);
+:func:`init_params` sets the defaults and the keyword arguments of a constructor.
+Converters turn values into their canonical type; range checks that need the
+DataFrame (or give a better message with it) happen in ``fit``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pyspark.ml.param import Param, Params, TypeConverters
+
+from ._store import Store
+
+__all__ = [
+    "ESTIMATOR_PARAMS",
+    "MODEL_PARAMS",
+    "GeneratedAccessors",
+    "ParamSpec",
+    "accessor_names",
+    "init_params",
+    "with_params",
+]
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    converter: Callable[[Any], Any]
+    default: Any
+    doc: str
+
+
+# --- converters (None means "unset" and never reaches them) --------------------------
+
+
+def _to_columns(value: Any) -> list[str]:
+    """A column name or a list of them → a list of names."""
+    if isinstance(value, str):
+        return [value]
+    return TypeConverters.toListString(value)
+
+
+def _to_metrics(value: Any) -> list[Any]:
+    items = [value] if isinstance(value, str) or callable(value) else TypeConverters.toList(value)
+    for item in items:
+        if not (isinstance(item, str) or callable(item)):
+            raise TypeError(
+                f"a metric is a name such as 'accuracy' or a callable fn(output, label); got {item!r}"
+            )
+    return list(items)
+
+
+def _to_store(value: Any) -> Store:
+    if isinstance(value, Store):
+        return value
+    if isinstance(value, str):
+        return Store.create(value)
+    raise TypeError(f"store takes a Store or a path, got {type(value).__name__}")
+
+
+def _to_history(value: Any) -> list[dict[str, Any]]:
+    return [dict(entry) for entry in value]
+
+
+_int = TypeConverters.toInt
+_float = TypeConverters.toFloat
+_str = TypeConverters.toString
+_bool = TypeConverters.toBoolean
+_any = TypeConverters.identity
+
+
+# One row per param, kept one line each so that the table reads as a table.
+# fmt: off
+ESTIMATOR_PARAMS: tuple[ParamSpec, ...] = (
+    ParamSpec("num_proc", _int, None, "number of worker processes (Spark tasks); default: the cluster's default parallelism"),
+    ParamSpec("model", _any, None, "the torch.nn.Module to train"),
+    ParamSpec("optimizer", _any, None, "a torch.optim.Optimizer built on model.parameters(); every worker rebuilds it on its replica"),
+    ParamSpec("loss", _any, None, "loss function loss(output, label) -> scalar tensor, e.g. torch.nn.CrossEntropyLoss()"),
+    ParamSpec("metrics", _to_metrics, [], "metrics computed each epoch: names ('accuracy') or callables fn(output, label) -> scalar"),
+    ParamSpec("feature_cols", _to_columns, None, "input columns, passed to model(*features) in this order"),
+    ParamSpec("label_cols", _to_columns, None, "label columns, one per model output"),
+    ParamSpec("validation", _float, 0.0, "fraction of the rows held out for validation, in [0, 1)"),
+    ParamSpec("batch_size", _int, 32, "rows per training step on each process"),
+    ParamSpec("val_batch_size", _int, None, "rows per validation step; default: batch_size"),
+    ParamSpec("epochs", _int, 1, "passes over the training data"),
+    ParamSpec("shuffle", _bool, True, "shuffle the training rows each epoch"),
+    ParamSpec("verbose", _int, 1, "0: silent; 1: one line of metrics per epoch"),
+    ParamSpec("random_seed", _int, None, "seed of the validation split and the shuffles; default: random"),
+    ParamSpec("store", _to_store, None, "Store (or a path) for the intermediate data and the runs; default: a new temporary directory"),
+    ParamSpec("run_id", _str, None, "name of this run under <store>/runs/; an existing run resumes from its checkpoint; default: generated"),
+    ParamSpec("train_steps_per_epoch", _int, None, "training steps per epoch on every process; default: train rows // (batch_size * num_proc)"),
+    ParamSpec("validation_steps_per_epoch", _int, None, "validation steps per epoch on every process; default: the whole validation shard"),
+    ParamSpec("reader", _str, "petastorm", "Parquet reader of the workers: 'petastorm', 'arrow' or 'auto'"),
+    ParamSpec("train_reader_num_workers", _int, 1, "petastorm reader threads per process"),
+    ParamSpec("backward_passes_per_step", _int, 1, "gradient accumulation: backward passes per optimizer step"),
+)
+
+MODEL_PARAMS: tuple[ParamSpec, ...] = (
+    ParamSpec("model", _any, None, "the trained torch.nn.Module"),
+    ParamSpec("history", _to_history, [], "per-epoch metrics of the training run, one dict per epoch"),
+    ParamSpec("run_id", _str, None, "the run that trained this model"),
+    ParamSpec("feature_cols", _to_columns, None, "input columns, passed to model(*features) in this order"),
+    ParamSpec("label_cols", _to_columns, None, "label columns the model was trained on"),
+    ParamSpec("output_cols", _to_columns, None, "columns transform() appends; default: <label>__output"),
+    ParamSpec("feature_shapes", _any, None, "per feature column, the shape of one row's value, e.g. [[64]]"),
+    ParamSpec("store", _to_store, None, "the Store the model was trained in"),
+)
+# fmt: on
+
+
+class GeneratedAccessors:
+    """Mixin telling type checkers that a class has generated ``getX`` / ``setX``."""
+
+    if TYPE_CHECKING:
+
+        def __getattr__(self, name: str) -> Any: ...
+
+
+def _camel(name: str) -> str:
+    return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
+
+
+def accessor_names(spec: ParamSpec) -> tuple[str, str]:
+    """``("getBatchSize", "setBatchSize")`` for ``batch_size``."""
+    return f"get{_camel(spec.name)}", f"set{_camel(spec.name)}"
+
+
+def _accessors(spec: ParamSpec) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    def getter(self: Params) -> Any:
+        return self.getOrDefault(spec.name)
+
+    def setter(self: Params, value: Any) -> Params:
+        return self._set(**{spec.name: value})
+
+    get_name, set_name = accessor_names(spec)
+    getter.__name__, setter.__name__ = get_name, set_name
+    getter.__doc__ = f"Gets the value of {spec.name}: {spec.doc}."
+    setter.__doc__ = f"Sets {spec.name}: {spec.doc}."
+    return getter, setter
+
+
+def with_params(specs: Sequence[ParamSpec]) -> Callable[[type], type]:
+    """Class decorator: declare the table's params and their getters/setters on the class."""
+
+    def declare(cls: type) -> type:
+        for spec in specs:
+            setattr(
+                cls,
+                spec.name,
+                Param(Params._dummy(), spec.name, spec.doc, typeConverter=spec.converter),
+            )
+            getter, setter = _accessors(spec)
+            setattr(cls, getter.__name__, getter)
+            setattr(cls, setter.__name__, setter)
+        cls._param_specs = tuple(specs)  # type: ignore[attr-defined]
+        return cls
+
+    return declare
+
+
+def init_params(instance: Params, specs: Sequence[ParamSpec], kwargs: dict[str, Any]) -> None:
+    """Set the table's defaults, then ``kwargs`` (unknown names raise TypeError)."""
+    known = {spec.name for spec in specs}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise TypeError(
+            f"{type(instance).__name__} got unknown param(s) {', '.join(unknown)}; "
+            f"its params are: {', '.join(sorted(known))}"
+        )
+    instance._setDefault(**{spec.name: spec.default for spec in specs})
+    instance._set(**kwargs)

@@ -1,0 +1,305 @@
+"""The torch training loop every worker runs: ``train(spec)``, in small named steps.
+
+1. ``ringcore.init()``; rebuild the model from its pickled bytes and the optimizer
+   from its class and param groups on this replica's parameters (as Horovod's
+   TorchEstimator does); wrap it in ``DistributedOptimizer``.
+2. Resume from the run's checkpoint when there is one (rank 0 reads it), then
+   broadcast parameters and optimizer state from rank 0.
+3. Each epoch: ``steps_per_epoch`` steps on this rank's shard (the same count on
+   every rank), then validation on the whole validation shard; sums and row
+   counts are allreduced once, so the metrics are averages over every row.
+4. Rank 0 writes the checkpoint and the history to the Store after every epoch and
+   returns the history; the other ranks return None.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+import numpy as np
+import torch
+
+import ringcore.torch as hvd
+from ringcore.data import make_reader, read_shard
+
+from ._metrics import resolve_metrics
+from ._store import Store
+
+__all__ = ["TrainSpec", "as_outputs", "to_inputs", "train"]
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Everything a worker needs, as picklable data (no SparkSession, no estimator)."""
+
+    user_objects: bytes  # cloudpickle of (model, optimizer class, loss, metrics)
+    optimizer_groups: list[list[int]]  # per param group: indices into model.parameters()
+    optimizer_state: dict[str, Any]  # the driver optimizer's state_dict()
+    feature_cols: list[str]
+    label_cols: list[str]
+    train_path: str
+    val_path: str | None
+    batch_size: int
+    val_batch_size: int
+    epochs: int
+    steps_per_epoch: int
+    val_steps: int | None
+    shuffle: bool
+    seed: int
+    reader: str
+    reader_workers: int
+    backward_passes_per_step: int
+    store: Store
+    run_id: str
+
+
+@dataclass
+class _Task:
+    """What this worker rebuilt from the spec."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    loss: Any
+    metrics: list[tuple[str, Any]]
+
+
+# --- tensors ---------------------------------------------------------------------------
+
+
+def _tensor(values: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(values if values.flags.writeable else values.copy())
+
+
+def to_inputs(batch: dict[str, np.ndarray], feature_cols: list[str]) -> list[torch.Tensor]:
+    """Model inputs: float32 tensors; a scalar column becomes shape (rows, 1)."""
+    inputs = []
+    for col in feature_cols:
+        tensor = _tensor(batch[col]).to(torch.float32)
+        inputs.append(tensor.view(-1, 1) if tensor.dim() == 1 else tensor)
+    return inputs
+
+
+def as_outputs(result: Any, count: int) -> list[torch.Tensor]:
+    """The model's result as one tensor per label column."""
+    if isinstance(result, torch.Tensor):
+        result = [result]
+    result = list(result)
+    if len(result) != count:
+        raise ValueError(
+            f"the model returned {len(result)} output(s) but label_cols names {count}; "
+            "return one tensor per label column"
+        )
+    return result
+
+
+def _as_target(output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    """Meet the loss halfway: a (rows,) label against a (rows, 1) output becomes (rows, 1)
+    of the output's dtype; a float (rows,) label against (rows, classes) logits
+    becomes class indices (Spark ML labels are doubles)."""
+    if label.dim() == 1 and output.dim() == 2:
+        if output.shape[1] == 1:
+            return label.view(-1, 1).to(output.dtype)
+        if label.is_floating_point():
+            return label.to(torch.long)
+    return label
+
+
+# --- set-up ---------------------------------------------------------------------------------
+
+
+def _rebuild(spec: TrainSpec) -> _Task:
+    model, optimizer_cls, loss, metrics = cloudpickle.loads(spec.user_objects)
+    params = list(model.parameters())
+    groups = spec.optimizer_state["param_groups"]
+    hyper = [{k: v for k, v in g.items() if k != "params"} for g in groups]
+    accepted = inspect.signature(optimizer_cls).parameters
+    required = {k: v for k, v in hyper[0].items() if k in accepted}  # e.g. an lr without default
+    base = optimizer_cls(
+        [
+            {"params": [params[i] for i in group], **h}
+            for group, h in zip(spec.optimizer_groups, hyper, strict=True)
+        ],
+        **required,
+    )
+    optimizer = hvd.DistributedOptimizer(
+        base,
+        named_parameters=model.named_parameters(),
+        backward_passes_per_step=spec.backward_passes_per_step,
+    )
+    optimizer.load_state_dict(spec.optimizer_state)  # the driver's hyper-parameters (and state)
+    return _Task(model, optimizer, loss, resolve_metrics(metrics))
+
+
+def _restore(task: _Task, spec: TrainSpec) -> tuple[int, list[dict[str, Any]]]:
+    """Load the run's checkpoint on rank 0 when there is one; every rank gets
+    ``(epochs done, history)``. The caller broadcasts the state afterwards."""
+    done: tuple[int, list[dict[str, Any]]] = (0, [])
+    path = spec.store.get_checkpoint_path(spec.run_id)
+    if hvd.rank() == 0 and spec.store.exists(path):
+        with spec.store.open_read(path) as f:
+            checkpoint = torch.load(f, weights_only=True)
+        task.model.load_state_dict(checkpoint["model"])
+        task.optimizer.load_state_dict(checkpoint["optimizer"])
+        done = (int(checkpoint["epoch"]), list(checkpoint["history"]))
+    return hvd.broadcast_object(done, root_rank=0, name="ringtrain.resume")
+
+
+def _load_validation(spec: TrainSpec) -> dict[str, np.ndarray] | None:
+    if spec.val_path is None:
+        return None
+    return read_shard(
+        spec.val_path,
+        rank=hvd.rank(),
+        size=hvd.size(),
+        columns=spec.feature_cols + spec.label_cols,
+        reader=spec.reader,
+    )
+
+
+# --- one epoch ------------------------------------------------------------------------------
+
+
+def _batch_totals(
+    task: _Task,
+    spec: TrainSpec,
+    outputs: list[torch.Tensor],
+    targets: list[torch.Tensor],
+    loss: torch.Tensor,
+) -> np.ndarray:
+    """``[loss * rows, rows, metric * rows, ...]`` of one batch."""
+    rows = len(targets[0])
+    values = [float(loss.detach()) * rows, float(rows)]
+    with torch.no_grad():
+        for _, fn in task.metrics:
+            values.extend(float(fn(o, t)) * rows for o, t in zip(outputs, targets, strict=True))
+    return np.asarray(values, dtype=np.float64)
+
+
+def _forward(task: _Task, spec: TrainSpec, batch: dict[str, np.ndarray]):
+    outputs = as_outputs(task.model(*to_inputs(batch, spec.feature_cols)), len(spec.label_cols))
+    targets = [
+        _as_target(o, _tensor(batch[c])) for o, c in zip(outputs, spec.label_cols, strict=True)
+    ]
+    loss = sum(task.loss(o, t) for o, t in zip(outputs, targets, strict=True))
+    return outputs, targets, loss
+
+
+def _train_epoch(task: _Task, spec: TrainSpec, batches: Any) -> np.ndarray:
+    task.model.train()
+    totals = np.zeros(2 + len(task.metrics) * len(spec.label_cols))
+    every = spec.backward_passes_per_step
+    task.optimizer.zero_grad()
+    for step in range(spec.steps_per_epoch):
+        batch = next(batches, None)
+        if batch is None:
+            raise RuntimeError(
+                f"the training reader of {spec.train_path} gave no batch at step {step}; "
+                "this rank's shard is empty"
+            )
+        outputs, targets, loss = _forward(task, spec, batch)
+        loss.backward()
+        if (step + 1) % every == 0 or step + 1 == spec.steps_per_epoch:
+            task.optimizer.step()
+            task.optimizer.zero_grad()
+        totals += _batch_totals(task, spec, outputs, targets, loss)
+    return totals
+
+
+def _evaluate(task: _Task, spec: TrainSpec, data: dict[str, np.ndarray] | None) -> np.ndarray:
+    totals = np.zeros(2 + len(task.metrics) * len(spec.label_cols))
+    if data is None:
+        return totals
+    rows = len(data[spec.label_cols[0]])
+    if spec.val_steps is not None:
+        rows = min(rows, spec.val_steps * spec.val_batch_size)
+    task.model.eval()
+    with torch.no_grad():
+        for start in range(0, rows, spec.val_batch_size):
+            batch = {k: v[start : min(rows, start + spec.val_batch_size)] for k, v in data.items()}
+            outputs, targets, loss = _forward(task, spec, batch)
+            totals += _batch_totals(task, spec, outputs, targets, loss)
+    return totals
+
+
+def _metric_names(task: _Task, spec: TrainSpec) -> list[str]:
+    many = len(spec.label_cols) > 1
+    return [
+        f"{label}_{name}" if many else name for name, _ in task.metrics for label in spec.label_cols
+    ]
+
+
+def _means(totals: np.ndarray) -> np.ndarray:
+    """``[loss, metric, ...]`` per row from ``[loss * rows, rows, metric * rows, ...]``."""
+    return np.delete(totals, 1) / max(totals[1], 1.0)
+
+
+def _epoch_entry(
+    task: _Task, spec: TrainSpec, epoch: int, train: np.ndarray, val: np.ndarray
+) -> dict[str, Any]:
+    """Average the epoch's sums over every rank (one allreduce) into a history entry."""
+    summed = hvd.allreduce(
+        torch.from_numpy(np.concatenate([train, val])), op=hvd.Sum, name="ringtrain.epoch_metrics"
+    ).numpy()
+    train, val = summed[: len(train)], summed[len(train) :]
+    names = ["loss", *_metric_names(task, spec)]
+    entry: dict[str, Any] = {"epoch": epoch + 1}
+    entry.update({f"train_{n}": float(v) for n, v in zip(names, _means(train), strict=True)})
+    if spec.val_path is not None and val[1] > 0:
+        entry.update({f"val_{n}": float(v) for n, v in zip(names, _means(val), strict=True)})
+    return entry
+
+
+def _save_checkpoint(
+    task: _Task, spec: TrainSpec, epoch: int, history: list[dict[str, Any]]
+) -> None:
+    state = {
+        "model": task.model.state_dict(),
+        "optimizer": task.optimizer.state_dict(),
+        "epoch": epoch + 1,
+        "history": history,
+    }
+    spec.store.write_atomic(
+        spec.store.get_checkpoint_path(spec.run_id), lambda f: torch.save(state, f)
+    )
+    spec.store.write_json(spec.store.get_history_path(spec.run_id), history)
+
+
+# --- the worker's function --------------------------------------------------------------------
+
+
+def train(spec: TrainSpec) -> list[dict[str, Any]] | None:
+    """Train on this rank's shard; rank 0 returns the history (one dict per epoch)."""
+    hvd.init()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+    torch.manual_seed(spec.seed + hvd.rank())
+    task = _rebuild(spec)
+    start_epoch, history = _restore(task, spec)
+    hvd.broadcast_parameters(task.model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(task.optimizer, root_rank=0)
+    val_data = _load_validation(spec)
+    with make_reader(
+        spec.train_path,
+        rank=hvd.rank(),
+        size=hvd.size(),
+        batch_size=spec.batch_size,
+        columns=spec.feature_cols + spec.label_cols,
+        reader=spec.reader,
+        shuffle=spec.shuffle,
+        seed=spec.seed,
+        workers_count=spec.reader_workers,
+    ) as reader:
+        batches = iter(reader)
+        for epoch in range(start_epoch, spec.epochs):
+            started = time.monotonic()
+            train_totals = _train_epoch(task, spec, batches)
+            entry = _epoch_entry(task, spec, epoch, train_totals, _evaluate(task, spec, val_data))
+            entry["seconds"] = round(time.monotonic() - started, 3)
+            history.append(entry)
+            if hvd.rank() == 0:
+                _save_checkpoint(task, spec, epoch, history)
+    return history if hvd.rank() == 0 else None

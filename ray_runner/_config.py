@@ -1,0 +1,164 @@
+"""RingTrainer's configs: frozen dataclasses, validated on construction.
+
+Names and meanings follow Ray Train's ``ScalingConfig``, ``RunConfig``,
+``FailureConfig`` and ``CheckpointConfig``, so a Ray Train script ports with its
+imports changed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from . import _constants as const
+
+__all__ = ["CheckpointConfig", "FailureConfig", "RunConfig", "ScalingConfig"]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    """How many workers and what each one holds.
+
+    ``resources_per_worker`` defaults to ``{"CPU": 1}`` (plus ``{"GPU": 1}`` with
+    ``use_gpu=True``); other keys are Ray custom resources.
+    """
+
+    num_workers: int = 2
+    use_gpu: bool = False
+    resources_per_worker: dict[str, float] | None = None
+    placement_strategy: str = "PACK"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_workers, tuple):
+            raise NotImplementedError(
+                f"num_workers={self.num_workers!r}: elastic (min, max) scaling is not supported yet; "
+                "pass an integer"
+            )
+        if not _is_int(self.num_workers) or self.num_workers < 1:
+            raise ValueError(
+                f"ScalingConfig.num_workers must be an integer >= 1, got {self.num_workers!r}"
+            )
+        if not isinstance(self.use_gpu, bool):
+            raise ValueError(f"ScalingConfig.use_gpu must be True or False, got {self.use_gpu!r}")
+        if self.placement_strategy not in const.PLACEMENT_STRATEGIES:
+            raise ValueError(
+                f"ScalingConfig.placement_strategy must be one of {const.PLACEMENT_STRATEGIES}, "
+                f"got {self.placement_strategy!r}"
+            )
+        resources = self.resources_per_worker
+        if resources is None:
+            return
+        if not isinstance(resources, dict):
+            raise ValueError(
+                f"ScalingConfig.resources_per_worker must be a dict, got {type(resources).__name__}"
+            )
+        for key, amount in resources.items():
+            if (
+                not isinstance(key, str)
+                or isinstance(amount, bool)
+                or not isinstance(amount, (int, float))
+                or amount < 0
+            ):
+                raise ValueError(
+                    f"ScalingConfig.resources_per_worker[{key!r}]={amount!r}: keys must be resource "
+                    "names and amounts numbers >= 0"
+                )
+        if resources.get("GPU", 0) > 0 and not self.use_gpu:
+            raise ValueError(
+                f"ScalingConfig.resources_per_worker asks for GPU={resources['GPU']} but use_gpu=False; "
+                "set use_gpu=True"
+            )
+        if resources.get("CPU", 1) <= 0:
+            raise ValueError(
+                f"ScalingConfig.resources_per_worker['CPU'] must be > 0, got {resources['CPU']!r}"
+            )
+
+    @property
+    def cpus_per_worker(self) -> float:
+        return (self.resources_per_worker or {}).get("CPU", 1)
+
+    @property
+    def gpus_per_worker(self) -> float | None:
+        if not self.use_gpu:
+            return None
+        return (self.resources_per_worker or {}).get("GPU", 1) or None
+
+    @property
+    def extra_resources(self) -> dict[str, float]:
+        """Custom resources per worker: everything but CPU and GPU."""
+        return {
+            k: v for k, v in (self.resources_per_worker or {}).items() if k not in ("CPU", "GPU")
+        }
+
+
+@dataclass(frozen=True)
+class FailureConfig:
+    """``max_failures``: how often the whole group restarts after a worker fails (-1: forever)."""
+
+    max_failures: int = 0
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_failures) or self.max_failures < -1:
+            raise ValueError(
+                f"FailureConfig.max_failures must be an integer >= -1 (-1 retries forever), got {self.max_failures!r}"
+            )
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """``num_to_keep``: how many of the latest checkpoints stay on disk (None keeps all)."""
+
+    num_to_keep: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_to_keep is not None and (not _is_int(self.num_to_keep) or self.num_to_keep < 1):
+            raise ValueError(
+                f"CheckpointConfig.num_to_keep must be None (keep all) or an integer >= 1, got {self.num_to_keep!r}"
+            )
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Where a run lives (``<storage_path>/<name>/``) and how it handles failures and checkpoints.
+
+    ``storage_path`` defaults to ``$RING_STORAGE_PATH`` or ``~/ringtrain_results`` and must
+    be a directory every worker can write (a shared filesystem on a multi-node cluster).
+    ``name`` defaults to ``RingTrainer_<time>_<id>``; a ``name`` that already holds
+    checkpoints resumes from its latest one. ``verbose=1`` prints each report of rank 0
+    on the driver as it arrives; ``verbose=0`` is silent.
+    """
+
+    name: str | None = None
+    storage_path: str | os.PathLike | None = None
+    failure_config: FailureConfig = field(default_factory=FailureConfig)
+    checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
+    verbose: int = 1
+
+    def __post_init__(self) -> None:
+        if self.name is not None and (
+            not isinstance(self.name, str)
+            or not self.name.strip()
+            or os.sep in self.name
+            or self.name in (".", "..")
+        ):
+            raise ValueError(
+                f"RunConfig.name must be a non-empty folder name without {os.sep!r}, got {self.name!r}"
+            )
+        if self.storage_path is not None and not isinstance(self.storage_path, (str, os.PathLike)):
+            raise ValueError(
+                f"RunConfig.storage_path must be a path, got {type(self.storage_path).__name__}"
+            )
+        if not isinstance(self.failure_config, FailureConfig):
+            raise ValueError(
+                f"RunConfig.failure_config must be a FailureConfig, got {self.failure_config!r}"
+            )
+        if not isinstance(self.checkpoint_config, CheckpointConfig):
+            raise ValueError(
+                f"RunConfig.checkpoint_config must be a CheckpointConfig, got {self.checkpoint_config!r}"
+            )
+        if self.verbose not in (0, 1):
+            raise ValueError(f"RunConfig.verbose must be 0 or 1, got {self.verbose!r}")

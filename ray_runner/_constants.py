@@ -1,0 +1,42 @@
+"""Every knob of ray_runner in one place: environment variable names and typed defaults."""
+
+from __future__ import annotations
+
+import os
+
+# How long start() waits for the placement group before giving up (seconds).
+PLACEMENT_GROUP_TIMEOUT_ENV_VAR = "RING_PLACEMENT_GROUP_TIMEOUT"
+DEFAULT_PLACEMENT_GROUP_TIMEOUT_S = 100.0
+
+# Where RingTrainer keeps runs when RunConfig(storage_path=None).
+STORAGE_PATH_ENV_VAR = "RING_STORAGE_PATH"
+DEFAULT_STORAGE_PATH = "~/ringtrain_results"
+
+# How often the driver collects rank 0's reports while the loop runs (seconds).
+REPORT_POLL_INTERVAL_ENV_VAR = "RING_REPORT_POLL_INTERVAL"
+DEFAULT_REPORT_POLL_INTERVAL_S = 0.2
+
+CHECKPOINT_DIR_PREFIX = "checkpoint_"
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+def get_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    if raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(
+            f"{name}={raw!r} is not a number; set it to seconds, e.g. {default:g}"
+        ) from None
+
+
+def storage_path(explicit: str | os.PathLike | None) -> str:
+    """The storage root: the explicit one, else ``$RING_STORAGE_PATH``, else ``~/ringtrain_results``."""
+    raw = (
+        os.fspath(explicit)
+        if explicit is not None
+        else os.environ.get(STORAGE_PATH_ENV_VAR) or DEFAULT_STORAGE_PATH
+    )
+    return os.path.abspath(os.path.expanduser(raw))

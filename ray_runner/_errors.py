@@ -1,0 +1,39 @@
+"""The exceptions ray_runner adds under ringcore's root.
+
+::
+
+    ringcore.RingError
+    ├── ringcore.WorkerError          a worker's function raised (rank, host, traceback)
+    ├── PlacementGroupTimeoutError    the cluster could not place the workers in time
+    └── TrainingFailedError           RingTrainer.fit ran out of attempts; carries the WorkerError
+"""
+
+from __future__ import annotations
+
+from ringcore import RingError, WorkerError
+
+__all__ = ["PlacementGroupTimeoutError", "TrainingFailedError"]
+
+
+class PlacementGroupTimeoutError(RingError, TimeoutError):
+    """The placement group of the workers was not placed within ``placement_group_timeout_s``."""
+
+
+class TrainingFailedError(RingError):
+    """``RingTrainer.fit()`` gave up: a worker failed and ``max_failures`` allowed no more restarts.
+
+    ``worker_error`` is the failed rank's :class:`ringcore.WorkerError` (rank, host, traceback).
+    """
+
+    def __init__(self, worker_error: WorkerError, attempts: int, max_failures: int):
+        self.worker_error = worker_error
+        self.attempts = attempts
+        self.max_failures = max_failures
+        super().__init__(
+            f"training failed after {attempts} attempt(s) (FailureConfig(max_failures={max_failures})): "
+            f"{worker_error}\n\nFix the error above, or raise FailureConfig(max_failures=...) to "
+            "restart the workers from the latest checkpoint more often."
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.worker_error, self.attempts, self.max_failures))

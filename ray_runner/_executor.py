@@ -1,0 +1,326 @@
+"""``RayExecutor``: N Ray actors in one placement group that form a ringcore ring.
+
+Ray must already be running in this process: call ``ray.init()`` (a local instance)
+or ``ray.init(address="auto")`` (join a cluster) before :meth:`RayExecutor.start`.
+Worker actors share the driver's Python environment; no ``runtime_env`` is needed.
+
+Ranks follow the actors' node IPs: ranks on one node are contiguous, so local ranks
+and cross ranks come out as Horovod defines them (:func:`ringcore.topology_from_hosts`).
+Rank 0's actor hosts the job's store; every actor gets :func:`ringcore.worker_env`
+in its ``os.environ`` before any function runs, so ``ringcore.init()`` needs nothing
+else. When every rank is on one node the ring talks over 127.0.0.1; a single rank
+needs no TCP store at all.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from ringcore import RingError, WorkerError, topology_from_hosts, worker_env
+
+from . import _constants as const
+from ._errors import PlacementGroupTimeoutError
+from ._worker import CONTROL_GROUP, RingWorker
+
+log = logging.getLogger("ringtrain.ray_runner")
+
+__all__ = ["RayExecutor"]
+
+_LOOPBACK = "127.0.0.1"
+
+
+def _positive(name: str, value: Any, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+
+
+class RayExecutor:
+    """Run functions on ``num_workers`` ranks, each a Ray actor, as Horovod's ``RayExecutor``.
+
+    ``num_workers`` actors are packed into one placement group (one bundle per worker,
+    ``placement_strategy="PACK"``); alternatively ``num_hosts`` x ``num_workers_per_host``
+    places one bundle per host with ``STRICT_SPREAD``. ``start()`` waits at most
+    ``placement_group_timeout_s`` (default ``$RING_PLACEMENT_GROUP_TIMEOUT`` or 100 s).
+    A worker's exception reaches the driver as :class:`ringcore.WorkerError`; other
+    ranks may then still wait in a collective, so call ``shutdown()`` before reusing it.
+    """
+
+    worker_cls: type = RingWorker  # seam: a test may start a different worker class
+
+    def __init__(
+        self,
+        num_workers: int | None = None,
+        num_hosts: int | None = None,
+        num_workers_per_host: int = 1,
+        cpus_per_worker: float = 1,
+        use_gpu: bool = False,
+        gpus_per_worker: float | None = None,
+        *,
+        resources_per_worker: dict[str, float] | None = None,
+        placement_strategy: str = "PACK",
+        placement_group_timeout_s: float | None = None,
+        min_workers: int | None = None,
+        max_workers: int | None = None,
+    ):
+        if min_workers is not None or max_workers is not None:
+            raise NotImplementedError(
+                "elastic RayExecutor (min_workers/max_workers) is not supported yet; pass num_workers"
+            )
+        if (num_workers is None) == (num_hosts is None):
+            raise ValueError(
+                f"pass exactly one of num_workers ({num_workers!r}) or num_hosts ({num_hosts!r})"
+            )
+        counts = (("num_workers", num_workers), ("num_hosts", num_hosts))
+        for name, value in (*counts, ("num_workers_per_host", num_workers_per_host)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        _positive("cpus_per_worker", cpus_per_worker)
+        _positive("gpus_per_worker", gpus_per_worker, allow_none=True)
+        if gpus_per_worker is not None and not use_gpu:
+            raise ValueError(f"gpus_per_worker={gpus_per_worker!r} needs use_gpu=True")
+        if placement_strategy not in const.PLACEMENT_STRATEGIES:
+            raise ValueError(
+                f"placement_strategy must be one of {const.PLACEMENT_STRATEGIES}, got {placement_strategy!r}"
+            )
+        self.num_hosts = num_hosts
+        self.num_workers_per_host = int(num_workers_per_host) if num_hosts is not None else 1
+        self.num_workers: int = num_workers or int(num_hosts or 0) * self.num_workers_per_host
+        self.cpus_per_worker = cpus_per_worker
+        self.gpus_per_worker = (gpus_per_worker or 1) if use_gpu else 0
+        self.use_gpu = use_gpu
+        self.resources_per_worker = dict(resources_per_worker or {})
+        self.placement_strategy = "STRICT_SPREAD" if num_hosts is not None else placement_strategy
+        self.placement_group_timeout_s = (
+            placement_group_timeout_s
+            if placement_group_timeout_s is not None
+            else const.get_float(
+                const.PLACEMENT_GROUP_TIMEOUT_ENV_VAR, const.DEFAULT_PLACEMENT_GROUP_TIMEOUT_S
+            )
+        )
+        self._pg: PlacementGroup | None = None
+        self._workers: list[Any] = []
+        self._hosts: list[str] = []
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def start(
+        self,
+        executable_cls: type | None = None,
+        executable_args: tuple | list | None = None,
+        executable_kwargs: dict | None = None,
+        extra_env_vars: dict[str, str] | None = None,
+    ) -> None:
+        """Place and start the workers; ``execute(fn)`` later calls ``fn(executable_cls(...))``."""
+        if not ray.is_initialized():
+            raise RingError(
+                "Ray is not initialized in this process. Call ray.init() for a local instance "
+                "or ray.init(address='auto') to join a running cluster, then start() again."
+            )
+        if self._workers:
+            raise RingError("this RayExecutor is already started; call shutdown() first")
+        try:
+            self._pg = self._place()
+            self._workers, self._hosts = self._create_workers(self._pg)
+            self._setup_workers(executable_cls, executable_args, executable_kwargs, extra_env_vars)
+        except BaseException:
+            self.shutdown()
+            raise
+        log.debug(
+            "RayExecutor started %d workers on %s", self.num_workers, sorted(set(self._hosts))
+        )
+
+    def shutdown(self) -> None:
+        """Kill every worker actor and remove the placement group. Safe to call twice."""
+        workers, self._workers, self._hosts = self._workers, [], []
+        for worker in workers:
+            try:
+                ray.kill(worker, no_restart=True)
+            except Exception as exc:  # already dead, or Ray shut down first
+                log.debug("could not kill a worker: %s", exc)
+        pg, self._pg = self._pg, None
+        if pg is not None:
+            try:
+                remove_placement_group(pg)
+            except Exception as exc:
+                log.debug("could not remove the placement group: %s", exc)
+
+    def __enter__(self) -> RayExecutor:
+        if not self._workers:
+            self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    # -- running -------------------------------------------------------------------
+
+    def run(
+        self, fn: Callable, args: tuple | list | None = None, kwargs: dict | None = None
+    ) -> list:
+        """``fn(*args, **kwargs)`` on every rank; the results ordered by rank."""
+        return self._collect(self._submit("run", fn, tuple(args or ()), kwargs))
+
+    def run_remote(
+        self, fn: Callable, args: tuple | list | None = None, kwargs: dict | None = None
+    ) -> list:
+        """As ``run`` but returns one ObjectRef per rank at once; ``ray.get`` raises an
+        exception that is an instance of :class:`ringcore.WorkerError` when a rank failed."""
+        return self._submit("run_raising", fn, tuple(args or ()), kwargs)
+
+    def execute(self, fn: Callable) -> list:
+        """``fn(executable)`` on every rank (the object ``start(executable_cls=...)`` made)."""
+        return self._collect(self._submit("execute", fn))
+
+    def execute_single(self, fn: Callable) -> Any:
+        """``fn(executable)`` on rank 0 only."""
+        return self._collect([self._started()[0].execute.remote(fn)])[0]
+
+    @property
+    def workers(self) -> list:
+        """The worker actor handles, ordered by rank."""
+        return list(self._workers)
+
+    @property
+    def hosts(self) -> list[str]:
+        """The node IP of every rank, ordered by rank."""
+        return list(self._hosts)
+
+    # -- internals -----------------------------------------------------------------
+
+    def _started(self) -> list:
+        if not self._workers:
+            raise RingError("this RayExecutor is not started; call start() first")
+        return self._workers
+
+    def _submit(self, method: str, *args: Any) -> list:
+        return [getattr(w, method).remote(*args) for w in self._started()]
+
+    def _collect(
+        self, refs: list, poll: Callable[[], None] | None = None, poll_s: float | None = None
+    ) -> list:
+        """Resolve one envelope per rank; raise the first failing rank's WorkerError at once.
+
+        ``poll`` (when given) runs every ``poll_s`` seconds while ranks are running and
+        once more after the last one returned.
+        """
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        results: dict[int, Any] = {}
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=poll_s if poll else None)
+            for ref in ready:
+                kind, value = self._resolve(ref, rank_of[ref])
+                if kind == "error":
+                    raise value
+                results[rank_of[ref]] = value
+            if poll is not None:
+                poll()
+        return [results[r] for r in range(len(refs))]
+
+    def _resolve(self, ref: Any, rank: int) -> tuple[str, Any]:
+        host = self._hosts[rank] if rank < len(self._hosts) else "unknown"
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            return (
+                "error",
+                WorkerError(rank, host, "ActorDiedError", f"the worker actor died: {exc}"),
+            )
+        except ray.exceptions.RayError as exc:  # e.g. a result Ray could not serialize
+            cause = getattr(exc, "cause", None) or exc
+            return ("error", WorkerError(rank, host, type(cause).__name__, str(cause), str(exc)))
+
+    def _setup_workers(
+        self,
+        executable_cls: type | None,
+        executable_args: tuple | list | None,
+        executable_kwargs: dict | None,
+        extra_env_vars: dict[str, str] | None,
+    ) -> None:
+        """Open the store on rank 0, then hand every rank its topology and environment."""
+        workers, hosts = self._workers, self._hosts
+        port = self._start_store(workers)
+        store_addr = _LOOPBACK if len(set(hosts)) == 1 else hosts[0]
+        setups = []
+        for rank, worker in enumerate(workers):
+            topology = topology_from_hosts(hosts, rank)
+            env = {**worker_env(topology, store_addr, port), **(extra_env_vars or {})}
+            args = (topology, env, executable_cls, tuple(executable_args or ()), executable_kwargs)
+            setups.append(worker.setup.remote(*args))
+        self._collect(setups)
+
+    def _start_store(self, workers: list) -> int:
+        """Rank 0 hosts the store while the other ranks load the ring's transport meanwhile."""
+        if len(workers) == 1:
+            return 0  # a single rank needs no TCP store (ringcore uses an in-process one)
+        refs = [workers[0].start_store.remote(len(workers))]
+        refs += [w.prepare_ring.remote() for w in workers[1:]]
+        return int(self._collect(refs)[0])
+
+    def _bundles(self) -> list[dict[str, float]]:
+        per_worker: dict[str, float] = {"CPU": self.cpus_per_worker, **self.resources_per_worker}
+        if self.gpus_per_worker:
+            per_worker["GPU"] = self.gpus_per_worker
+        if self.num_hosts is None:
+            return [dict(per_worker) for _ in range(self.num_workers)]
+        return [
+            {k: v * self.num_workers_per_host for k, v in per_worker.items()}
+            for _ in range(self.num_hosts)
+        ]
+
+    def _place(self) -> PlacementGroup:
+        bundles = self._bundles()
+        pg = placement_group(bundles, strategy=self.placement_strategy)
+        if pg.wait(timeout_seconds=self.placement_group_timeout_s):
+            return pg
+        remove_placement_group(pg)
+        raise PlacementGroupTimeoutError(self._placement_message(bundles))
+
+    def _placement_message(self, bundles: list[dict[str, float]]) -> str:
+        keys = sorted({k for b in bundles for k in b})
+        total, free = ray.cluster_resources(), ray.available_resources()
+
+        def pick(resources: dict[str, float]) -> dict[str, float]:
+            return {k: resources.get(k, 0.0) for k in keys}
+
+        return (
+            f"Could not place {self.num_workers} workers within {self.placement_group_timeout_s:g} s: "
+            f"the placement group needs {len(bundles)} bundle(s) of {bundles[0]} "
+            f"(strategy {self.placement_strategy}), but the cluster has {pick(total)} in total "
+            f"and {pick(free)} free. Lower num_workers or the resources per worker, add nodes, or "
+            f"raise placement_group_timeout_s (${const.PLACEMENT_GROUP_TIMEOUT_ENV_VAR})."
+        )
+
+    def _create_workers(self, pg: PlacementGroup) -> tuple[list, list[str]]:
+        # Ray's stubs miss the concurrency_groups overload.
+        actor_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(self.worker_cls)  # type: ignore[call-overload]
+        workers = []
+        for i in range(self.num_workers):
+            strategy = PlacementGroupSchedulingStrategy(
+                pg, placement_group_bundle_index=i // self.num_workers_per_host
+            )
+            options: dict[str, Any] = {
+                "num_cpus": self.cpus_per_worker,
+                "scheduling_strategy": strategy,
+            }
+            if self.gpus_per_worker:
+                options["num_gpus"] = self.gpus_per_worker
+            if self.resources_per_worker:
+                options["resources"] = dict(self.resources_per_worker)
+            workers.append(actor_cls.options(**options).remote())
+        self._workers = workers  # so that shutdown() kills them if the next call fails
+        hosts = ray.get([w.node_ip.remote() for w in workers])
+        # Ranks of one node contiguous, nodes in order of first appearance.
+        order = {h: i for i, h in reversed(list(enumerate(hosts)))}
+        ranked = sorted(range(len(workers)), key=lambda i: (order[hosts[i]], i))
+        return [workers[i] for i in ranked], [hosts[i] for i in ranked]

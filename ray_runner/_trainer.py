@@ -1,0 +1,244 @@
+"""``RingTrainer``: fit a training loop on a group of Ray workers, with checkpoints and restarts.
+
+The control loop is small: start a worker group (a :class:`RayExecutor`), run the
+loop on every rank while printing rank 0's reports as they arrive, and when a rank
+fails, shut the whole group down and start a new one from the latest checkpoint,
+up to ``FailureConfig.max_failures`` times; then :class:`TrainingFailedError`.
+Ray must be initialized (``ray.init(...)``) before ``fit()``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from ringcore import RingError, WorkerError
+
+from . import _constants as const
+from ._checkpoint import Checkpoint, CheckpointStore
+from ._config import RunConfig, ScalingConfig
+from ._errors import TrainingFailedError
+from ._executor import RayExecutor
+from ._session import SessionSetup, run_loop
+
+log = logging.getLogger("ringtrain.ray_runner")
+
+__all__ = ["Result", "RingTrainer"]
+
+
+@dataclass
+class Result:
+    """What ``fit()`` returns: rank 0's last metrics, the latest checkpoint, every report."""
+
+    metrics: dict | None
+    checkpoint: Checkpoint | None
+    path: str
+    error: BaseException | None = None
+    metrics_history: list[dict] = field(default_factory=list, repr=False)
+
+    @property
+    def metrics_dataframe(self) -> Any:
+        """A pandas DataFrame with one row per report of rank 0, in order."""
+        import pandas as pd
+
+        return pd.DataFrame(self.metrics_history)
+
+
+class _Progress:
+    """Rank 0's reports as they reach the driver: kept in order and, with verbose=1, printed."""
+
+    def __init__(self, verbose: int):
+        self.verbose = verbose
+        self.history: list[dict] = []
+
+    def add(self, reports: list[dict]) -> None:
+        for item in reports:
+            self.history.append(item["metrics"])
+            if self.verbose:
+                print(self._line(len(self.history), item), file=sys.stdout, flush=True)
+
+    @staticmethod
+    def _line(iteration: int, item: dict) -> str:
+        parts = [
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in item["metrics"].items()
+        ]
+        text = f"[RingTrainer] iteration {iteration}: {', '.join(parts)}"
+        checkpoint = item["checkpoint"]
+        return f"{text} ({os.path.basename(checkpoint.path)})" if checkpoint is not None else text
+
+
+def _takes_config(fn: Callable) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True
+    return len(params) > 0
+
+
+class RingTrainer:
+    """Data-parallel training: ``train_loop_per_worker`` runs on every worker, as Ray Train's.
+
+    Inside the loop ``ringcore.init()`` (or ``hvd.init()``) forms the ring unchanged;
+    ``ray_runner.report(metrics, checkpoint=...)``, ``ray_runner.get_checkpoint()`` and
+    ``ray_runner.get_context()`` talk to the run. The loop takes ``train_loop_config``
+    as its one argument, or no argument. Checkpoints land under
+    ``<RunConfig.storage_path>/<RunConfig.name>/``, which every worker must be able to write.
+    """
+
+    executor_cls: type = RayExecutor  # seam: a test may inject a different worker group
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable,
+        *,
+        train_loop_config: dict | None = None,
+        scaling_config: ScalingConfig | None = None,
+        run_config: RunConfig | None = None,
+        datasets: dict | None = None,
+    ):
+        if not callable(train_loop_per_worker):
+            raise TypeError(
+                f"train_loop_per_worker must be callable, got {type(train_loop_per_worker).__name__}"
+            )
+        if train_loop_config is not None and not isinstance(train_loop_config, dict):
+            raise TypeError(
+                f"train_loop_config must be a dict or None, got {type(train_loop_config).__name__}"
+            )
+        self._pass_config = _takes_config(train_loop_per_worker)
+        if train_loop_config is not None and not self._pass_config:
+            raise ValueError(
+                "train_loop_config was given but train_loop_per_worker takes no argument; "
+                "define it as train_loop_per_worker(config)"
+            )
+        if datasets:
+            raise NotImplementedError(
+                "datasets= is not supported yet; read Parquet inside the loop through ringcore.data"
+            )
+        self.train_loop_per_worker = train_loop_per_worker
+        self.train_loop_config = train_loop_config
+        self.scaling_config = scaling_config if scaling_config is not None else ScalingConfig()
+        self.run_config = run_config if run_config is not None else RunConfig()
+        for name, value, cls in (
+            ("scaling_config", self.scaling_config, ScalingConfig),
+            ("run_config", self.run_config, RunConfig),
+        ):
+            if not isinstance(value, cls):
+                raise TypeError(f"{name} must be a {cls.__name__}, got {type(value).__name__}")
+
+    def fit(self) -> Result:
+        """Train; return the :class:`Result` or raise :class:`TrainingFailedError`."""
+        if not ray.is_initialized():
+            raise RingError(
+                "Ray is not initialized in this process; call ray.init() (local) or "
+                "ray.init(address='auto') (a cluster) before RingTrainer.fit()"
+            )
+        name = (
+            self.run_config.name
+            or f"RingTrainer_{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}_{uuid.uuid4().hex[:6]}"
+        )
+        run_dir = os.path.join(const.storage_path(self.run_config.storage_path), name)
+        os.makedirs(run_dir, exist_ok=True)
+        store = CheckpointStore(run_dir, self.run_config.checkpoint_config.num_to_keep)
+        progress = _Progress(self.run_config.verbose)
+        max_failures = self.run_config.failure_config.max_failures
+        failures = 0
+        while True:
+            error = self._attempt(name, store, progress)
+            if error is None:
+                break
+            failures += 1
+            if max_failures != -1 and failures > max_failures:
+                raise TrainingFailedError(error, failures, max_failures) from error
+            self._announce_restart(error, failures, store.latest())
+        last = progress.history[-1] if progress.history else None
+        return Result(
+            metrics=last, checkpoint=store.latest(), path=run_dir, metrics_history=progress.history
+        )
+
+    def _announce_restart(
+        self, error: WorkerError, failures: int, latest: Checkpoint | None
+    ) -> None:
+        limit = self.run_config.failure_config.max_failures
+        origin = latest.path if latest is not None else "scratch"
+        level = logging.INFO if self.run_config.verbose else logging.WARNING
+        log.log(
+            level,
+            "rank %d failed (%s); restart %d of %s from %s",
+            error.rank,
+            error.error_type,
+            failures,
+            "unlimited" if limit == -1 else limit,
+            origin,
+        )
+        if self.run_config.verbose:
+            print(
+                f"[RingTrainer] rank {error.rank} failed ({error.error_type}: {error.message}); "
+                f"restarting the workers from {origin}",
+                flush=True,
+            )
+
+    def _executor(self) -> RayExecutor:
+        sc = self.scaling_config
+        return self.executor_cls(
+            num_workers=sc.num_workers,
+            cpus_per_worker=sc.cpus_per_worker,
+            use_gpu=sc.use_gpu,
+            gpus_per_worker=sc.gpus_per_worker,
+            resources_per_worker=sc.extra_resources,
+            placement_strategy=sc.placement_strategy,
+        )
+
+    def _attempt(
+        self, name: str, store: CheckpointStore, progress: _Progress
+    ) -> WorkerError | None:
+        """One worker group from start to end; the failed rank's error, or None on success."""
+        setup = SessionSetup(
+            experiment_name=name,
+            run_dir=store.run_dir,
+            num_to_keep=store.num_to_keep,
+            restore=store.latest(),
+            config=self.train_loop_config,
+            pass_config=self._pass_config,
+        )
+        poll_s = const.get_float(
+            const.REPORT_POLL_INTERVAL_ENV_VAR, const.DEFAULT_REPORT_POLL_INTERVAL_S
+        )
+        executor = self._executor()
+        try:
+            executor.start()
+            drain = _reports_of(executor.workers[0], progress)
+            refs = executor._submit("run", run_loop, (self.train_loop_per_worker, setup))
+            try:
+                executor._collect(refs, drain, poll_s)
+            finally:
+                drain()  # what rank 0 reported just before a failure counts too
+            return None
+        except WorkerError as exc:
+            return exc
+        finally:
+            executor.shutdown()
+
+
+def _reports_of(rank0: Any, progress: _Progress) -> Callable[[], None]:
+    """A poll that moves rank 0's queued reports to ``progress``.
+
+    A dead rank 0 is not the poll's to report: its run call fails and says so.
+    """
+
+    def drain() -> None:
+        try:
+            progress.add(ray.get(rank0.drain_reports.remote()))
+        except ray.exceptions.RayError as exc:
+            log.debug("could not collect rank 0's reports: %s", exc)
+
+    return drain

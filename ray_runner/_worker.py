@@ -1,0 +1,112 @@
+"""One rank of a RayExecutor: the actor class and the process-wide facts of its rank.
+
+The driver creates one :class:`RingWorker` actor per rank, asks each for its node's
+IP, assigns ranks, asks rank 0 to host the job's store, then hands every actor the
+``RING_*`` environment of its rank (:func:`ringcore.worker_env`). After that,
+``ringcore.init()`` inside any function the actor runs forms the ring unchanged.
+
+User-code exceptions never leave an actor as Ray exceptions: :meth:`RingWorker.run`
+returns an envelope, ``("ok", value)`` or ``("error", WorkerError)``, and the driver
+re-raises the :class:`ringcore.WorkerError` itself, so Ray's ``RayTaskError``
+wrapping cannot hide the rank, host and traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+import ringcore
+from ringcore import Topology, WorkerError
+
+__all__ = ["CONTROL_GROUP", "RingWorker", "current_topology"]
+
+# Calls that must be served while the default group runs the user's function.
+CONTROL_GROUP = "control"
+
+_topology: Topology | None = None
+
+Envelope = tuple[str, Any]
+
+
+def current_topology() -> Topology:
+    """The topology the driver assigned to this actor's process (set by ``RingWorker.setup``)."""
+    if _topology is None:
+        raise ringcore.RingError(
+            "this process is not a RayExecutor worker (no topology was assigned); "
+            "run the function through RayExecutor.run or RingTrainer.fit"
+        )
+    return _topology
+
+
+class RingWorker:
+    """The actor behind one rank. Subclass and set ``RayExecutor.worker_cls`` to inject behaviour."""
+
+    def __init__(self) -> None:
+        self.rank = -1
+        self.host = ray.util.get_node_ip_address()
+        self.executable: Any = None
+
+    def node_ip(self) -> str:
+        return self.host
+
+    def start_store(self, world_size: int) -> Envelope:
+        """Host the job's key-value store in this (rank 0) process; the envelope holds its port."""
+        return self._guard(ringcore.start_store_server, host="0.0.0.0", world_size=world_size)
+
+    def prepare_ring(self) -> Envelope:
+        """Load the ring's transport (torch.distributed) now, alongside rank 0's store start."""
+
+        def load() -> None:
+            import torch.distributed  # noqa: F401
+
+        return self._guard(load)
+
+    def setup(
+        self,
+        topology: Topology,
+        env: dict[str, str],
+        executable_cls: type | None = None,
+        executable_args: tuple = (),
+        executable_kwargs: dict | None = None,
+    ) -> Envelope:
+        global _topology
+        self.rank = topology.rank
+        _topology = topology
+        os.environ.update(env)
+        if executable_cls is None:
+            return ("ok", None)
+
+        def make() -> None:
+            self.executable = executable_cls(*executable_args, **(executable_kwargs or {}))
+
+        return self._guard(make)
+
+    def run(self, fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Envelope:
+        return self._guard(fn, *args, **(kwargs or {}))
+
+    def execute(self, fn: Callable) -> Envelope:
+        return self._guard(fn, self.executable)
+
+    def run_raising(self, fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """For ``run_remote``: raise the WorkerError (Ray wraps it, as an instance of it)."""
+        kind, value = self.run(fn, args, kwargs)
+        if kind == "error":
+            raise value
+        return value
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def drain_reports(self) -> list[dict]:
+        """Everything ``ray_runner.report`` queued in this process since the last call."""
+        from . import _session
+
+        return _session.drain_reports()
+
+    def _guard(self, fn: Callable, *args: Any, **kwargs: Any) -> Envelope:
+        try:
+            return ("ok", fn(*args, **kwargs))
+        except BaseException as exc:  # a worker's sys.exit must reach the driver too
+            return ("error", WorkerError.from_exception(self.rank, self.host, exc))

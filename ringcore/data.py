@@ -1,0 +1,397 @@
+"""The Parquet reader seam: every rank reads its shard of a Parquet dataset as
+fixed-size batches of numpy arrays, whichever runner started it.
+
+``make_reader(path, rank=, size=, batch_size=, columns=)`` returns a
+:class:`ShardReader`: iterate it for dicts ``{column: ndarray}`` of exactly
+``batch_size`` rows (infinite when ``num_epochs=None``; a last partial batch is
+dropped). Two readers sit behind it:
+
+- ``"petastorm"`` — ``petastorm.make_batch_reader`` with ``cur_shard=rank,
+  shard_count=size``. Petastorm shards by *row group*, so ranks get equal data only
+  when the dataset has balanced row groups (the estimators write one row group per
+  file, one file per rank).
+- ``"arrow"`` — ``pyarrow.dataset``, sharded by *rows*: every rank gets
+  ``total_rows // size`` contiguous rows, whatever the files look like.
+
+``"auto"`` picks petastorm when it is installed, else arrow. ``read_shard`` reads a
+rank's shard once, whole (for validation); ``parquet_row_counts`` reads the row
+count of every file from the footers. Array columns (``list<float>``) become 2-D
+arrays. This module imports neither pyspark nor ray; petastorm only inside the
+functions that use it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "READERS",
+    "ShardReader",
+    "make_reader",
+    "parquet_row_counts",
+    "read_shard",
+    "resolve_reader",
+    "to_numpy_columns",
+]
+
+READERS = ("auto", "petastorm", "arrow")
+
+Batch = dict[str, np.ndarray]
+
+
+# --- paths and choices --------------------------------------------------------------
+
+
+def _local_path(path_or_url: str) -> str:
+    text = str(path_or_url)
+    if text.startswith("file://"):
+        return text[len("file://") :]
+    if "://" in text:
+        raise ValueError(
+            f"ringcore.data reads local Parquet datasets; got the URL {text!r}. "
+            "Pass a local path or a file:// URL."
+        )
+    return text
+
+
+def _file_url(path_or_url: str) -> str:
+    return "file://" + _local_path(path_or_url)
+
+
+def resolve_reader(reader: str) -> str:
+    """``"auto"`` → ``"petastorm"`` when it is installed, else ``"arrow"``."""
+    if reader not in READERS:
+        raise ValueError(f"reader must be one of {', '.join(map(repr, READERS))}; got {reader!r}")
+    if reader == "auto":
+        return "petastorm" if importlib.util.find_spec("petastorm") is not None else "arrow"
+    return reader
+
+
+def _check_shard(rank: int, size: int) -> None:
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(f"need 0 <= rank < size with size >= 1; got rank={rank}, size={size}")
+
+
+# --- Arrow → numpy --------------------------------------------------------------------
+
+
+def _column_to_numpy(name: str, column: Any) -> np.ndarray:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if not (
+        pa.types.is_list(column.type)
+        or pa.types.is_large_list(column.type)
+        or pa.types.is_fixed_size_list(column.type)
+    ):
+        return column.to_numpy(zero_copy_only=False)
+    if column.null_count:
+        raise ValueError(
+            f"column {name!r} has {column.null_count} null arrays; drop or fill them first"
+        )
+    n = len(column)
+    if n == 0:
+        return np.zeros((0, 0), dtype=column.type.value_type.to_pandas_dtype())
+    lengths = pc.list_value_length(column)
+    shortest, longest = pc.min(lengths).as_py(), pc.max(lengths).as_py()
+    if shortest != longest:
+        raise ValueError(
+            f"column {name!r} holds arrays of different lengths ({shortest} to {longest}); "
+            "every row of an array column must have the same length"
+        )
+    return column.flatten().to_numpy(zero_copy_only=False).reshape(n, longest)
+
+
+def to_numpy_columns(table: Any, columns: Sequence[str]) -> Batch:
+    """``{column: ndarray}`` from a pyarrow Table or RecordBatch; list columns → 2-D."""
+    return {c: _column_to_numpy(c, table.column(c)) for c in columns}
+
+
+def _stack_objects(name: str, values: np.ndarray) -> np.ndarray:
+    if values.dtype != object:
+        return values
+    if len(values) == 0:
+        return values.reshape(0, 0)
+    try:
+        return np.stack(list(values))
+    except ValueError as exc:
+        raise ValueError(f"column {name!r}: rows hold arrays of different shapes ({exc})") from exc
+
+
+# --- re-batching ------------------------------------------------------------------------
+
+
+def _rebatch(
+    chunks: Iterable[Batch], batch_size: int, rng: np.random.Generator | None
+) -> Iterator[Batch]:
+    """Exactly ``batch_size`` rows per batch out of chunks of any size (views where it can)."""
+    buffer: Batch | None = None
+    offset = 0
+    for chunk in chunks:
+        n = len(next(iter(chunk.values())))
+        if n == 0:
+            continue
+        if rng is not None:
+            order = rng.permutation(n)
+            chunk = {k: v[order] for k, v in chunk.items()}
+        if buffer is not None and offset < len(next(iter(buffer.values()))):
+            chunk = {k: np.concatenate([buffer[k][offset:], chunk[k]]) for k in chunk}
+        buffer, offset = chunk, 0
+        rows = len(next(iter(buffer.values())))
+        while rows - offset >= batch_size:
+            yield {k: v[offset : offset + batch_size] for k, v in buffer.items()}
+            offset += batch_size
+
+
+# --- petastorm ----------------------------------------------------------------------------
+
+
+def _quiet_petastorm() -> None:
+    """Petastorm 0.12 calls pyarrow APIs deprecated since pyarrow 5, with a FutureWarning
+    each time, from its reader threads too; nobody downstream can act on them. Ignore
+    exactly those: FutureWarnings attributed to petastorm's own modules."""
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm(\.|$)")
+
+
+def _open_petastorm(
+    url: str,
+    rank: int,
+    size: int,
+    columns: Sequence[str],
+    num_epochs: int | None,
+    shuffle: bool,
+    seed: int,
+    workers_count: int,
+) -> Any:
+    from petastorm import make_batch_reader
+    from petastorm.errors import NoDataAvailableError
+
+    _quiet_petastorm()
+    try:
+        return make_batch_reader(
+            url,
+            schema_fields=[re.escape(c) + "$" for c in columns],
+            cur_shard=rank,
+            shard_count=size,
+            num_epochs=num_epochs,
+            shuffle_row_groups=shuffle,
+            seed=seed,
+            workers_count=workers_count,
+            reader_pool_type="thread",
+        )
+    except NoDataAvailableError as exc:
+        raise ValueError(
+            f"the Parquet dataset {url} has fewer row groups than the {size} ranks reading it, so "
+            f"petastorm leaves some rank without data ({exc}). Write at least {size} row groups, "
+            "or use reader='arrow', which shards by rows."
+        ) from exc
+
+
+def _petastorm_chunks(reader: Any, columns: Sequence[str]) -> Iterator[Batch]:
+    for batch in reader:
+        found = batch._asdict()
+        yield {c: _stack_objects(c, np.asarray(found[c])) for c in columns}
+
+
+# --- arrow ----------------------------------------------------------------------------------
+
+
+def _row_group_pieces(path: str) -> list[tuple[Any, int]]:
+    """Every row group of the dataset as ``(fragment, rows)``, in file-name order."""
+    import pyarrow.dataset as pads
+
+    dataset = pads.dataset(path, format="parquet")
+    pieces = []
+    for fragment in sorted(dataset.get_fragments(), key=lambda f: f.path):
+        for group in fragment.split_by_row_group():
+            pieces.append((group, group.row_groups[0].num_rows))
+    return pieces
+
+
+def _shard_slices(
+    pieces: list[tuple[Any, int]], start: int, stop: int
+) -> list[tuple[Any, int, int]]:
+    """Rows ``[start, stop)`` of the dataset as ``(row-group fragment, first row, rows)``."""
+    slices, offset = [], 0
+    for fragment, rows in pieces:
+        lo, hi = max(start, offset), min(stop, offset + rows)
+        if lo < hi:
+            slices.append((fragment, lo - offset, hi - lo))
+        offset += rows
+    return slices
+
+
+def _read_slices(slices: Iterable[tuple[Any, int, int]], columns: Sequence[str]) -> Iterator[Batch]:
+    for fragment, first, rows in slices:
+        yield to_numpy_columns(fragment.to_table(columns=list(columns)).slice(first, rows), columns)
+
+
+def _arrow_chunks(
+    path: str,
+    rank: int,
+    size: int,
+    columns: Sequence[str],
+    num_epochs: int | None,
+    rng: np.random.Generator | None,
+) -> Iterator[Batch]:
+    pieces = _row_group_pieces(path)
+    per_rank = sum(rows for _, rows in pieces) // size
+    slices = _shard_slices(pieces, rank * per_rank, (rank + 1) * per_rank)
+    epoch = 0
+    while slices and (num_epochs is None or epoch < num_epochs):
+        order = rng.permutation(len(slices)) if rng is not None else range(len(slices))
+        yield from _read_slices((slices[i] for i in order), columns)
+        epoch += 1
+
+
+# --- the public face -------------------------------------------------------------------------
+
+
+class ShardReader:
+    """This rank's batches: iterate for ``{column: ndarray}`` of ``batch_size`` rows.
+
+    A context manager; ``close()`` stops petastorm's reader threads.
+    """
+
+    def __init__(
+        self,
+        path_or_url: str,
+        *,
+        rank: int,
+        size: int,
+        batch_size: int,
+        columns: Sequence[str],
+        reader: str = "petastorm",
+        shuffle: bool = False,
+        seed: int = 0,
+        num_epochs: int | None = None,
+        workers_count: int = 1,
+    ):
+        _check_shard(rank, size)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if num_epochs is not None and num_epochs < 1:
+            raise ValueError(f"num_epochs must be >= 1 or None (forever), got {num_epochs}")
+        if not columns:
+            raise ValueError("columns must name at least one column to read")
+        self.reader = resolve_reader(reader)
+        self.columns = list(columns)
+        self.batch_size = batch_size
+        rng = np.random.default_rng([seed, rank]) if shuffle else None
+        self._petastorm = None
+        if self.reader == "petastorm":
+            self._petastorm = _open_petastorm(
+                _file_url(path_or_url),
+                rank,
+                size,
+                self.columns,
+                num_epochs,
+                shuffle,
+                seed,
+                workers_count,
+            )
+            chunks = _petastorm_chunks(self._petastorm, self.columns)
+        else:
+            chunks = _arrow_chunks(
+                _local_path(path_or_url), rank, size, self.columns, num_epochs, rng
+            )
+        self._batches = _rebatch(chunks, batch_size, rng)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return self._batches
+
+    def __next__(self) -> Batch:
+        return next(self._batches)
+
+    def close(self) -> None:
+        if self._petastorm is not None:
+            self._petastorm.stop()
+            self._petastorm.join()
+            self._petastorm = None
+
+    def __enter__(self) -> ShardReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def make_reader(
+    path_or_url: str,
+    *,
+    rank: int,
+    size: int,
+    batch_size: int,
+    columns: Sequence[str],
+    reader: str = "petastorm",
+    shuffle: bool = False,
+    seed: int = 0,
+    num_epochs: int | None = None,
+    workers_count: int = 1,
+) -> ShardReader:
+    """Open this rank's shard of the Parquet dataset at ``path_or_url`` (a local path
+    or ``file://`` URL) as batches of exactly ``batch_size`` rows.
+
+    ``num_epochs=None`` reads forever (the caller counts its steps); ``shuffle``
+    shuffles the order of row groups and the rows within each (seeded by ``seed``
+    and the rank); ``workers_count`` is petastorm's reader-thread count.
+    """
+    return ShardReader(
+        path_or_url,
+        rank=rank,
+        size=size,
+        batch_size=batch_size,
+        columns=columns,
+        reader=reader,
+        shuffle=shuffle,
+        seed=seed,
+        num_epochs=num_epochs,
+        workers_count=workers_count,
+    )
+
+
+def _concat(chunks: Iterable[Batch], columns: Sequence[str]) -> Batch:
+    collected = list(chunks)
+    if not collected:
+        return {c: np.zeros((0,)) for c in columns}
+    return {c: np.concatenate([chunk[c] for chunk in collected]) for c in columns}
+
+
+def read_shard(
+    path_or_url: str, *, rank: int, size: int, columns: Sequence[str], reader: str = "petastorm"
+) -> Batch:
+    """Every row of this rank's shard, once, as ``{column: ndarray}`` (e.g. for validation).
+
+    The arrow reader splits the rows as evenly as it can (ranks differ by at most one
+    row) and drops none; petastorm gives each rank whole row groups.
+    """
+    _check_shard(rank, size)
+    if resolve_reader(reader) == "petastorm":
+        petastorm_reader = _open_petastorm(
+            _file_url(path_or_url), rank, size, columns, 1, False, 0, 1
+        )
+        try:
+            return _concat(_petastorm_chunks(petastorm_reader, columns), columns)
+        finally:
+            petastorm_reader.stop()
+            petastorm_reader.join()
+    pieces = _row_group_pieces(_local_path(path_or_url))
+    total = sum(rows for _, rows in pieces)
+    start, stop = rank * total // size, (rank + 1) * total // size
+    return _concat(_read_slices(_shard_slices(pieces, start, stop), columns), columns)
+
+
+def parquet_row_counts(path_or_url: str) -> list[int]:
+    """Rows of every file of the Parquet dataset (from the footers), in file-name order."""
+    import pyarrow.dataset as pads
+
+    dataset = pads.dataset(_local_path(path_or_url), format="parquet")
+    return [f.metadata.num_rows for f in sorted(dataset.get_fragments(), key=lambda f: f.path)]

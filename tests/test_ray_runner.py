@@ -1,0 +1,484 @@
+"""ray_runner on a real local Ray instance (2 CPUs): RayExecutor, RingTrainer, their configs.
+
+One Ray instance serves the whole module; every test that places workers removes
+them again (a check after each test fails it when a placement group is left behind).
+Worker functions are plain module-level functions made of asserts, shipped to the
+actors by value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+import ringcore
+from ringcore import WorkerError
+
+ray = pytest.importorskip("ray")
+
+import ray_runner  # noqa: E402
+from ray_runner import (  # noqa: E402
+    Checkpoint,
+    CheckpointConfig,
+    FailureConfig,
+    PlacementGroupTimeoutError,
+    RayExecutor,
+    RingTrainer,
+    RunConfig,
+    ScalingConfig,
+    TrainingFailedError,
+)
+from ray_runner._checkpoint import CheckpointStore  # noqa: E402
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray instance with 2 CPUs for the module; always shut down."""
+    owns = not ray.is_initialized()
+    if owns:
+        ray.init(num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False)
+    # The worker functions below live in this test module, which the actors cannot
+    # import: ship them by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        yield
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        if owns:
+            ray.shutdown()
+
+
+def _live_placement_groups() -> set[str]:
+    if not ray.is_initialized():
+        return set()
+    table = ray.util.placement_group_table()
+    return {pg_id for pg_id, info in table.items() if info["state"] != "REMOVED"}
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_placement_groups():
+    """Fail a test that leaves a placement group behind (and remove it, for the next test).
+
+    Groups alive before the test (a class-scoped executor's) are not the test's to remove.
+    """
+    before = _live_placement_groups()
+    yield
+    left = sorted(_live_placement_groups() - before)
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    for pg_id in left:
+        remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
+    assert not left, f"the test left placement groups behind: {left}"
+
+
+class _Tagger:
+    """An executable: what execute(fn) hands to fn on every worker."""
+
+    def __init__(self, tag: str):
+        self.tag = tag
+
+
+@pytest.fixture(scope="class")
+def executor(ray_cluster):
+    ex = RayExecutor(num_workers=2, placement_group_timeout_s=60)
+    ex.start(executable_cls=_Tagger, executable_args=("tagged",))
+    try:
+        yield ex
+    finally:
+        ex.shutdown()
+
+
+# --------------------------------------------------------------------- worker functions
+
+
+def _where_am_i():
+    return {
+        "rank": int(os.environ["RING_RANK"]),
+        "size": int(os.environ["RING_SIZE"]),
+        "local_rank": int(os.environ["RING_LOCAL_RANK"]),
+        "local_size": int(os.environ["RING_LOCAL_SIZE"]),
+        "host": os.environ["RING_HOSTNAME"],
+    }
+
+
+def _allreduce_sum(base: float):
+    import torch
+
+    import ringcore.torch as hvd
+
+    hvd.init()
+    mine = torch.tensor([base * (hvd.rank() + 1), 1.0])
+    return hvd.rank(), hvd.allreduce(mine, op=hvd.Sum).tolist()
+
+
+def _init_and_size():
+    ringcore.init()
+    return ringcore.size()
+
+
+def _raise_on_rank_one():
+    if int(os.environ["RING_RANK"]) == 1:
+        raise ValueError("boom on rank 1")
+    return "fine"
+
+
+@contextlib.contextmanager
+def _temp_checkpoint(files: dict[str, str]):
+    """A checkpoint in a temporary directory, deleted once report() has copied it away."""
+    with tempfile.TemporaryDirectory(prefix="ring_test_ckpt_") as tmp:
+        for name, text in files.items():
+            with open(os.path.join(tmp, name), "w") as fh:
+                fh.write(text)
+        yield Checkpoint.from_directory(tmp)
+
+
+def _three_iterations_loop(config):
+    import torch
+
+    import ringcore.torch as hvd
+
+    hvd.init()
+    ctx = ray_runner.get_context()
+    assert (ctx.get_world_rank(), ctx.get_world_size()) == (hvd.rank(), 2)
+    assert (ctx.get_local_rank(), ctx.get_local_world_size(), ctx.get_node_rank()) == (
+        hvd.rank(),
+        2,
+        0,
+    )
+    assert ray_runner.get_checkpoint() is None
+    for it in range(3):
+        total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
+        loss = config["scale"] / (it + 1)
+        with _temp_checkpoint({"it": str(it)}) as ckpt:
+            ray_runner.report({"iteration": it, "loss": loss, "sum": total}, checkpoint=ckpt)
+
+
+def _fails_once_loop(config):
+    import ringcore.torch as hvd
+
+    hvd.init()
+    restored = ray_runner.get_checkpoint()
+    start = 0
+    if restored is not None:
+        with restored.as_directory() as path, open(os.path.join(path, "it")) as fh:
+            start = int(fh.read()) + 1
+    for it in range(start, 3):
+        hvd.barrier()
+        metrics = {"iteration": it, "resumed_from": -1 if restored is None else start - 1}
+        with _temp_checkpoint({"it": str(it)}) as ckpt:
+            ray_runner.report(metrics, checkpoint=ckpt)
+        if it == 1 and hvd.rank() == 1 and not os.path.exists(config["marker"]):
+            open(config["marker"], "w").close()
+            raise RuntimeError("first attempt dies on rank 1")
+
+
+def _always_fails_loop():
+    import ringcore
+
+    ringcore.init()
+    if ringcore.rank() == 1:
+        raise KeyError("no such feature column")
+
+
+# ---------------------------------------------------------------- configs (no Ray needed)
+
+
+@pytest.mark.parametrize("num_workers", [0, -1, 1.5, True, "2"])
+def test_scaling_config_rejects_num_workers_that_is_not_a_positive_integer(num_workers):
+    with pytest.raises(ValueError, match="num_workers must be an integer >= 1"):
+        ScalingConfig(num_workers=num_workers)
+
+
+def test_scaling_config_rejects_gpu_resources_without_use_gpu():
+    with pytest.raises(ValueError, match="use_gpu=True"):
+        ScalingConfig(num_workers=2, resources_per_worker={"GPU": 1})
+
+
+def test_scaling_config_rejects_negative_resources_and_unknown_strategy():
+    with pytest.raises(ValueError, match=r"resources_per_worker\['CPU'\]"):
+        ScalingConfig(resources_per_worker={"CPU": -1})
+    with pytest.raises(ValueError, match="placement_strategy"):
+        ScalingConfig(placement_strategy="TIGHT")
+
+
+def test_scaling_config_elastic_range_is_not_supported_yet():
+    with pytest.raises(NotImplementedError, match="elastic"):
+        ScalingConfig(num_workers=(1, 4))
+
+
+def test_scaling_config_derives_per_worker_resources():
+    sc = ScalingConfig(
+        num_workers=2, use_gpu=True, resources_per_worker={"CPU": 2, "GPU": 0.5, "ssd": 1}
+    )
+    assert (sc.cpus_per_worker, sc.gpus_per_worker, sc.extra_resources) == (2, 0.5, {"ssd": 1})
+    assert (
+        ScalingConfig().num_workers,
+        ScalingConfig().cpus_per_worker,
+        ScalingConfig().gpus_per_worker,
+    ) == (2, 1, None)
+
+
+@pytest.mark.parametrize("max_failures", [-2, 1.0, None])
+def test_failure_config_rejects_max_failures_below_minus_one_or_not_int(max_failures):
+    with pytest.raises(ValueError, match="max_failures must be an integer >= -1"):
+        FailureConfig(max_failures=max_failures)
+
+
+@pytest.mark.parametrize("num_to_keep", [0, -3, 2.5])
+def test_checkpoint_config_rejects_num_to_keep_below_one(num_to_keep):
+    with pytest.raises(ValueError, match="num_to_keep must be None"):
+        CheckpointConfig(num_to_keep=num_to_keep)
+
+
+def test_run_config_rejects_bad_name_and_nested_config_types():
+    with pytest.raises(ValueError, match=r"RunConfig\.name"):
+        RunConfig(name="a/b")
+    with pytest.raises(ValueError, match="failure_config must be a FailureConfig"):
+        RunConfig(failure_config={"max_failures": 1})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="verbose"):
+        RunConfig(verbose=2)
+
+
+def test_configs_are_frozen():
+    with pytest.raises(AttributeError):
+        ScalingConfig().num_workers = 3  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        RunConfig().name = "x"  # type: ignore[misc]
+
+
+def test_trainer_rejects_a_config_for_a_loop_that_takes_no_argument():
+    with pytest.raises(ValueError, match=r"train_loop_per_worker\(config\)"):
+        RingTrainer(_always_fails_loop, train_loop_config={"lr": 0.1})
+
+
+def test_executor_needs_exactly_one_of_num_workers_and_num_hosts():
+    with pytest.raises(ValueError, match="exactly one of num_workers"):
+        RayExecutor()
+    with pytest.raises(ValueError, match="exactly one of num_workers"):
+        RayExecutor(num_workers=2, num_hosts=1)
+    with pytest.raises(ValueError, match="num_workers must be an integer >= 1"):
+        RayExecutor(num_workers=0)
+
+
+def test_report_outside_a_training_loop_raises_ring_error():
+    with pytest.raises(ringcore.RingError, match="outside a training loop"):
+        ray_runner.report({"loss": 1.0})
+    with pytest.raises(ringcore.RingError, match="outside a training loop"):
+        ray_runner.get_context()
+
+
+def test_checkpoint_store_numbers_checkpoints_and_keeps_the_latest_num_to_keep(tmp_path):
+    store = CheckpointStore(str(tmp_path / "run"), num_to_keep=2)
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / "it").write_text(str(i))
+        persisted = store.persist(Checkpoint.from_directory(src))
+        assert os.path.basename(persisted.path) == f"checkpoint_{i:06d}"
+    assert [i for i, _ in store.indexed()] == [1, 2]
+    assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint_000001", "checkpoint_000002"]
+    latest = store.latest()
+    assert latest is not None and (tmp_path / "run" / "checkpoint_000002" / "it").read_text() == "2"
+    copied = latest.to_directory(str(tmp_path / "copy"))
+    with open(os.path.join(copied, "it")) as fh:
+        assert fh.read() == "2"
+
+
+def test_training_failed_error_survives_pickling_with_its_worker_error():
+    import pickle
+
+    err = TrainingFailedError(WorkerError(1, "10.0.0.2", "KeyError", "'x'", "Traceback ..."), 2, 1)
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.worker_error.rank, back.attempts, back.max_failures) == (1, 2, 1)
+    assert isinstance(back, ringcore.RingError) and "rank 1 on host 10.0.0.2" in str(back)
+
+
+def test_import_ray_runner_pulls_in_neither_pyspark_nor_estimators_nor_torch():
+    code = "import sys, ray_runner; print(sorted({'pyspark', 'estimators', 'torch'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_start_without_ray_initialized_says_to_call_ray_init():
+    code = (
+        "from ray_runner import RayExecutor\n"
+        "try:\n    RayExecutor(num_workers=1).start()\n"
+        "except Exception as exc:\n    print(type(exc).__name__, exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.startswith("RingError Ray is not initialized")
+    assert "ray.init()" in out.stdout
+
+
+# ------------------------------------------------------------------------- RayExecutor
+
+
+@pytest.mark.ray
+class TestRayExecutorWithTwoWorkers:
+    def test_run_returns_results_ordered_by_rank_with_local_ranks_of_one_node(self, executor):
+        results = executor.run(_where_am_i)
+        assert [r["rank"] for r in results] == [0, 1]
+        assert [r["size"] for r in results] == [2, 2]
+        assert [(r["local_rank"], r["local_size"]) for r in results] == [(0, 2), (1, 2)]
+        assert [r["host"] for r in results] == executor.hosts
+        assert len(set(executor.hosts)) == 1
+
+    def test_allreduce_inside_run_gives_the_sum_over_both_ranks(self, executor):
+        results = executor.run(_allreduce_sum, args=(2.0,))
+        # rank 0 sends [2, 1], rank 1 sends [4, 1]
+        assert results == [(0, [6.0, 2.0]), (1, [6.0, 2.0])]
+
+    def test_run_passes_args_and_kwargs(self, executor):
+        assert executor.run(
+            lambda a, b=0: a + b + int(os.environ["RING_RANK"]), args=[10], kwargs={"b": 5}
+        ) == [15, 16]
+
+    def test_execute_calls_fn_with_each_workers_executable(self, executor):
+        assert executor.execute(lambda ex: (ex.tag, int(os.environ["RING_RANK"]))) == [
+            ("tagged", 0),
+            ("tagged", 1),
+        ]
+
+    def test_execute_single_runs_on_rank_zero_only(self, executor):
+        assert executor.execute_single(lambda ex: (ex.tag, int(os.environ["RING_RANK"]))) == (
+            "tagged",
+            0,
+        )
+
+    def test_failing_worker_raises_worker_error_with_rank_host_and_traceback(self, executor):
+        with pytest.raises(WorkerError) as info:
+            executor.run(_raise_on_rank_one)
+        err = info.value
+        assert (err.rank, err.host, err.error_type) == (1, executor.hosts[1], "ValueError")
+        assert err.message == "boom on rank 1"
+        assert "_raise_on_rank_one" in err.traceback
+        assert "rank 1 on host" in str(err)
+
+    def test_run_remote_refs_raise_an_instance_of_worker_error(self, executor):
+        refs = executor.run_remote(_raise_on_rank_one)
+        assert ray.get(refs[0]) == "fine"
+        with pytest.raises(WorkerError) as info:
+            ray.get(refs[1])
+        assert info.value.rank == 1 and "boom on rank 1" in str(info.value)
+
+
+@pytest.mark.ray
+def test_shutdown_kills_the_actors_and_removes_the_placement_group(ray_cluster):
+    ex = RayExecutor(num_workers=1)
+    try:
+        ex.start()
+        actor, pg = ex.workers[0], ex._pg
+        assert ex.run(_init_and_size) == [1]  # one rank: no TCP store needed
+    finally:
+        ex.shutdown()
+    assert ray.util.placement_group_table(pg)["state"] == "REMOVED"
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(actor.node_ip.remote(), timeout=60)
+    with pytest.raises(ringcore.RingError, match="not started"):
+        ex.run(_where_am_i)
+
+
+@pytest.mark.ray
+def test_worker_process_that_dies_reaches_the_driver_as_worker_error(ray_cluster):
+    with RayExecutor(num_workers=1) as ex, pytest.raises(WorkerError) as info:
+        ex.run(os._exit, args=(3,))
+    assert (info.value.rank, info.value.error_type) == (0, "ActorDiedError")
+    assert "the worker actor died" in info.value.message
+
+
+@pytest.mark.ray
+def test_start_raises_placement_timeout_naming_the_resources_that_did_not_fit(ray_cluster):
+    ex = RayExecutor(num_workers=2, cpus_per_worker=2, placement_group_timeout_s=1)
+    with pytest.raises(PlacementGroupTimeoutError) as info:
+        ex.start()
+    message = str(info.value)
+    assert "2 bundle(s) of {'CPU': 2}" in message
+    assert "{'CPU': 2.0} in total" in message
+    assert "placement_group_timeout_s" in message
+    assert ex.workers == []
+
+
+# ------------------------------------------------------------------------- RingTrainer
+
+
+@pytest.mark.ray
+def test_fit_reports_three_iterations_and_keeps_checkpoints_under_storage_path(
+    ray_cluster, tmp_path, capsys
+):
+    trainer = RingTrainer(
+        _three_iterations_loop,
+        train_loop_config={"scale": 1.0},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(
+            name="three",
+            storage_path=str(tmp_path),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+        ),
+    )
+    result = trainer.fit()
+    assert result.metrics == {"iteration": 2, "loss": pytest.approx(1 / 3), "sum": 3.0}
+    assert list(result.metrics_dataframe["iteration"]) == [0, 1, 2]
+    assert len(result.metrics_dataframe) == 3
+    assert result.error is None
+    assert result.path == str(tmp_path / "three")
+    assert result.checkpoint is not None and result.checkpoint.path == str(
+        tmp_path / "three" / "checkpoint_000002"
+    )
+    assert (tmp_path / "three" / "checkpoint_000002" / "it").read_text() == "2"
+    assert sorted(p.name for p in (tmp_path / "three").iterdir()) == [
+        "checkpoint_000001",
+        "checkpoint_000002",
+    ]
+    out = capsys.readouterr().out
+    assert "[RingTrainer] iteration 3: iteration=2, loss=0.3333, sum=3" in out
+
+
+@pytest.mark.ray
+def test_fit_restarts_after_a_failure_and_the_new_group_resumes_from_the_latest_checkpoint(
+    ray_cluster, tmp_path
+):
+    trainer = RingTrainer(
+        _fails_once_loop,
+        train_loop_config={"marker": str(tmp_path / "failed_once")},
+        run_config=RunConfig(
+            name="retry",
+            storage_path=str(tmp_path),
+            failure_config=FailureConfig(max_failures=1),
+            verbose=0,
+        ),
+    )
+    result = trainer.fit()
+    assert (tmp_path / "failed_once").exists()
+    # attempt 1 reported iterations 0 and 1 and died; attempt 2 resumed after checkpoint 1
+    assert list(result.metrics_dataframe["iteration"]) == [0, 1, 2]
+    assert result.metrics == {"iteration": 2, "resumed_from": 1}
+    assert (
+        result.checkpoint is not None
+        and os.path.basename(result.checkpoint.path) == "checkpoint_000002"
+    )
+
+
+@pytest.mark.ray
+def test_fit_raises_training_failed_error_carrying_the_failed_ranks_worker_error(
+    ray_cluster, tmp_path
+):
+    trainer = RingTrainer(
+        _always_fails_loop,
+        run_config=RunConfig(
+            storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=0), verbose=0
+        ),
+    )
+    with pytest.raises(TrainingFailedError) as info:
+        trainer.fit()
+    err = info.value
+    assert isinstance(err, ringcore.RingError) and err.attempts == 1
+    assert (err.worker_error.rank, err.worker_error.error_type) == (1, "KeyError")
+    assert "no such feature column" in str(err)
+    assert "_always_fails_loop" in err.worker_error.traceback
