@@ -50,6 +50,7 @@ class _Pending:
     reqs: dict[int, dict] = field(default_factory=dict)
     since: float = field(default_factory=time.monotonic)
     warned_at: float = 0.0
+    ready: bool = False
 
 
 @dataclass
@@ -191,7 +192,7 @@ class Coordinator:
 
     def _check_ready(self, key: tuple[int, str]) -> None:
         entry = self.pending.get(key)
-        if entry is None or key in self.ready:
+        if entry is None or entry.ready:
             return
         ps, name = key
         members = self._members(ps)
@@ -226,6 +227,7 @@ class Coordinator:
         if problem:
             self._send_error([key], problem)
             return
+        entry.ready = True
         self.ready.append(key)
         if self.ready_since is None:
             self.ready_since = time.monotonic()
@@ -241,7 +243,7 @@ class Coordinator:
 
     def _fail_waiting_on(self, rank: int, why: str) -> None:
         for key, entry in list(self.pending.items()):
-            if key not in self.ready and rank in self._members(key[0]) and rank not in entry.reqs:
+            if not entry.ready and rank in self._members(key[0]) and rank not in entry.reqs:
                 self._send_error(
                     [key],
                     f"{next(iter(entry.reqs.values()))['k']} of {key[1]!r}: {why}",
@@ -255,7 +257,7 @@ class Coordinator:
         waited = time.monotonic() - (self.ready_since or 0.0)
         # More ops on the way (some ranks submitted, others not yet)? Wait up to one
         # cycle to fuse them; otherwise answer now, so a blocking op never waits.
-        partial = any(k not in self.ready for k in self.pending)
+        partial = len(self.pending) > len(self.ready)  # ready keys are a subset of pending
         if partial and waited < self.cfg.cycle_time_s:
             return
         items = self._build_items(self.ready)
@@ -349,7 +351,7 @@ class Coordinator:
         items = []
         for key in keys:
             self.pending.pop(key, None)
-            if key in self.ready:
+            if key in self.ready:  # rare: an error for a ready op
                 self.ready.remove(key)
             items.append(
                 {"k": "error", "ps": key[0], "e": [{"n": key[1]}], "msg": message, "x": kind}
@@ -374,7 +376,7 @@ class Coordinator:
     def _check_stalls(self, now: float) -> None:
         for key, entry in list(self.pending.items()):
             age = now - entry.since
-            if key in self.ready or age < self.cfg.stall_check_s:
+            if entry.ready or age < self.cfg.stall_check_s:
                 continue
             members = self._members(key[0])
             missing = [r for r in members if r not in entry.reqs and r not in self.joined]

@@ -38,6 +38,10 @@ _COLLECTIVE_PHASE = {
 }
 
 
+# The request fields a cached id stands for (shape and splits travel every time).
+_SIGNATURE = ("k", "d", "o", "r", "pre", "post", "dev", "g", "gn")
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
@@ -71,6 +75,7 @@ class Engine:
         coordinator_addr: tuple[str, int],
         timeline: Timeline,
         connect_timeout_s: float = 120.0,
+        cycle_time_s: float = 0.001,
     ):
         self.backend = backend
         self.rank, self.size = rank, size
@@ -85,6 +90,10 @@ class Engine:
         self.groups: dict[int, Any] = {0: None}
         self.members: dict[int, list[int]] = {0: list(range(size))}
         self.counters: dict[str, itertools.count] = {}
+        self.outbox: list[dict] = []
+        self._send_lock = threading.Lock()
+        self._outbox_ready = threading.Condition(self._lock)
+        self.cycle_time_s = cycle_time_s
         self.join_handle: Handle | None = None
         self._t_resp = time.perf_counter()
         self.broken: str | None = None
@@ -93,6 +102,10 @@ class Engine:
             target=self._loop, name=f"ringcore-engine-{rank}", daemon=True
         )
         self.thread.start()
+        self.sender = threading.Thread(
+            target=self._sender, name=f"ringcore-sender-{rank}", daemon=True
+        )
+        self.sender.start()
 
     # -- submission (any thread) -------------------------------------------------
     def auto_name(self, kind: str) -> str:
@@ -101,31 +114,17 @@ class Engine:
             return f"{kind}.noname.{next(counter)}"
 
     def submit(self, handle: Handle, req: dict) -> Handle:
-        """Register ``handle`` and send ``req`` (its fields: see _coordinator)."""
-        key = (req.get("ps", 0), handle.name)
-        with self._lock:
-            if self.broken:
-                raise RingInternalError(self.broken)
-            if key in self.pending:
-                raise ValueError(
-                    f"an op named {handle.name!r} is already in flight on this rank; wait for it or "
-                    "give the new one another name"
-                )
-            self.pending[key] = handle
-            wire = self._compact(key, req, handle)
-        try:
-            self.channel.send({"t": "req", "reqs": [wire]})
-        except OSError as exc:
-            with self._lock:
-                self.pending.pop(key, None)
-            raise RingInternalError(
-                f"the coordinator is unreachable ({exc}); a peer may have died"
-            ) from exc
+        """Register ``handle`` and queue ``req`` (its fields: see _coordinator)."""
+        self.submit_many([(handle, req)])
         return handle
 
     def submit_many(self, items: list[tuple[Handle, dict]]) -> None:
-        """Submit several ops in one message (grouped ops)."""
-        wires = []
+        """Register ops and queue their requests for the coordinator.
+
+        Requests are not sent one by one: a syscall per op, with the GIL handed back and
+        forth, would cost more than the op. The sender thread sends what is queued at
+        most one cycle later, and ``flush()`` (called by a blocking wait) sends at once.
+        """
         with self._lock:
             if self.broken:
                 raise RingInternalError(self.broken)
@@ -133,15 +132,42 @@ class Engine:
                 key = (req.get("ps", 0), handle.name)
                 if key in self.pending:
                     raise ValueError(
-                        f"an op named {handle.name!r} is already in flight on this rank"
+                        f"an op named {handle.name!r} is already in flight on this rank; wait "
+                        "for it or give the new one another name"
                     )
                 self.pending[key] = handle
-                wires.append(self._compact(key, req, handle))
-        self.channel.send({"t": "req", "reqs": wires})
+                self.outbox.append(self._compact(key, req, handle))
+            if len(self.outbox) == len(items):  # the outbox was empty: wake the sender
+                self._outbox_ready.notify()
+
+    def flush(self) -> None:
+        """Send every queued request now (batches leave in the order they were queued)."""
+        with self._send_lock:
+            with self._lock:
+                batch, self.outbox = self.outbox, []
+            if batch:
+                try:
+                    self.channel.send({"t": "req", "reqs": batch})
+                except OSError as exc:
+                    self._break(f"the coordinator is unreachable ({exc}); rank 0 may have died")
+
+    def wait(self, handle: Any) -> None:
+        """Block until ``handle`` is done, sending queued requests first."""
+        if not handle.done.is_set():
+            self.flush()
+            handle.done.wait()
+
+    def _sender(self) -> None:
+        while not self.closed.is_set():
+            with self._lock:
+                while not self.outbox and not self.closed.is_set():
+                    self._outbox_ready.wait(1.0)
+            time.sleep(self.cycle_time_s)  # let a burst of submissions gather
+            self.flush()
 
     def _compact(self, key: tuple[int, str], req: dict, handle: Handle) -> dict:
         """The request as sent: a small cache id once the coordinator has seen it."""
-        sig = tuple(sorted((k, repr(v)) for k, v in req.items() if k not in ("s", "sp")))
+        sig = tuple(req.get(k) for k in _SIGNATURE)
         handle.sig = sig
         cached = self.cache.get(key)
         if cached is not None and cached[1] == sig:
@@ -157,11 +183,14 @@ class Engine:
             if self.broken:
                 raise RingInternalError(self.broken)
             self.join_handle = handle
-        self.channel.send({"t": "join"})
+        self.flush()  # everything submitted before join() reaches the coordinator first
+        with self._send_lock:
+            self.channel.send({"t": "join"})
         return handle
 
     # -- the engine thread ---------------------------------------------------------
     def _loop(self) -> None:
+        torch.set_grad_enabled(False)  # this thread only moves data; autograd stays outside
         try:
             while True:
                 msg = self.channel.recv()
@@ -412,10 +441,24 @@ class Engine:
     # -- shutdown -------------------------------------------------------------------
     def close(self, timeout_s: float = 10.0) -> None:
         if not self.closed.is_set():
-            with contextlib.suppress(OSError):
+            self.flush()
+            with contextlib.suppress(OSError), self._send_lock:
                 self.channel.send({"t": "bye"})
             self.closed.wait(timeout_s)
+        with self._lock:
+            self._outbox_ready.notify_all()
         self.channel.close()
+
+
+def wait_handle(handle: Any) -> None:
+    """Wait for a handle of the running engine, sending its queued requests first."""
+    if handle.done.is_set():
+        return
+    from ._runtime import _state
+
+    if _state is not None and _state.engine is not None:
+        _state.engine.flush()
+    handle.done.wait()
 
 
 def _scale(tensor: torch.Tensor, factor: float) -> None:

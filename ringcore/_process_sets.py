@@ -86,7 +86,7 @@ def check_process_set(process_set: ProcessSet | None, what: str = "this op") -> 
 def register_process_set(ps: ProcessSet | list[int]) -> ProcessSet:
     """Create the set's backend group on every rank (a collective: every rank calls it,
     in the same order) and give it an id."""
-    from ._engine import Handle
+    from ._engine import Handle, wait_handle
     from ._runtime import engine, size
 
     ps = ps if isinstance(ps, ProcessSet) else ProcessSet(list(ps))
@@ -113,7 +113,7 @@ def register_process_set(ps: ProcessSet | list[int]) -> ProcessSet:
             "ranks": ps.ranks,
         },
     )
-    handle.done.wait()
+    wait_handle(handle)
     if handle.error is not None:
         raise handle.error
     ps.process_set_id = int(handle.result)
@@ -135,7 +135,7 @@ def add_process_set(process_set: ProcessSet | list[int]) -> ProcessSet:
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Remove a registered set on every rank (a collective). Returns False for the global set."""
-    from ._engine import Handle
+    from ._engine import Handle, wait_handle
     from ._runtime import dynamic_process_sets_enabled, engine
 
     if process_set.ranks is None or process_set.process_set_id in (None, 0):
@@ -162,7 +162,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
             "id": process_set.process_set_id,
         },
     )
-    handle.done.wait()
+    wait_handle(handle)
     if handle.error is not None:
         raise handle.error
     process_set.process_set_id = None

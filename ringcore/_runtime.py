@@ -255,7 +255,13 @@ def _start_engine(state: _State, process_sets: Any, backend: Any) -> None:
     host, port = backend.broadcast_object(address[0], 0).rsplit(":", 1)
     timeout = cfg.get_float(cfg.START_TIMEOUT_ENV_VAR, cfg.DEFAULT_START_TIMEOUT_S)
     state.engine = Engine(
-        backend, topo.rank, topo.size, (host, int(port)), _timeline, connect_timeout_s=timeout
+        backend,
+        topo.rank,
+        topo.size,
+        (host, int(port)),
+        _timeline,
+        connect_timeout_s=timeout,
+        cycle_time_s=cfg.get_float(cfg.CYCLE_TIME_ENV_VAR, cfg.DEFAULT_CYCLE_TIME_MS) / 1000.0,
     )
     state.dynamic_process_sets = process_sets == "dynamic" or cfg.get_bool(
         cfg.DYNAMIC_PROCESS_SETS_ENV_VAR

@@ -18,7 +18,7 @@ import cloudpickle
 import torch
 
 from .._adasum import is_power_of_two
-from .._engine import Handle, dtype_name
+from .._engine import Handle, dtype_name, wait_handle
 from .._ops import ReduceOp, resolve_op
 from .._process_sets import ProcessSet, check_process_set, global_process_set
 from .._runtime import engine, rank, size
@@ -84,7 +84,7 @@ def synchronize(handle: int) -> Any:
         h = _handles.pop(handle, None)
     if h is None:
         raise ValueError(f"handle {handle!r} is unknown or was already synchronized")
-    h.done.wait()
+    wait_handle(h)
     if h.error is not None:
         raise h.error
     return h.result
@@ -100,10 +100,12 @@ def _check_tensor(tensor: Any, what: str) -> None:
 
 
 def _wire(tensor: torch.Tensor) -> torch.Tensor:
-    """The buffer the backend moves (Gloo carries no bool: uint8 instead)."""
-    t = tensor.detach()
-    t = t.to(torch.uint8) if t.dtype == torch.bool else t
-    return t if t.is_contiguous() else t.contiguous()
+    """The buffer the backend moves (Gloo carries no bool: uint8 instead). The engine
+    runs under ``torch.no_grad()``, so a contiguous tensor is used as it is: every torch
+    call here releases and retakes the GIL, which the engine's threads then hold."""
+    if tensor.dtype == torch.bool:
+        return tensor.detach().to(torch.uint8)
+    return tensor if tensor.is_contiguous() else tensor.detach().contiguous()
 
 
 def _request(kind: str, name: str, tensor: torch.Tensor, ps: int, **extra: Any) -> dict:
