@@ -28,6 +28,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/collectives.py
+	$(PY) bench/training.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -61,7 +61,9 @@ from ._collectives import (
 )
 from ._compression import Compression
 from ._optimizer import DistributedOptimizer
+from ._sparse import sparse_allreduce_async
 from ._state import broadcast_optimizer_state, broadcast_parameters
+from ._sync_batch_norm import SyncBatchNorm
 
 __all__ = [
     "Adasum",
@@ -78,6 +80,7 @@ __all__ = [
     "RingError",
     "RingInternalError",
     "Sum",
+    "SyncBatchNorm",
     "add_process_set",
     "allgather",
     "allgather_async",
@@ -130,6 +133,7 @@ __all__ = [
     "rocm_built",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "start_timeline",
     "stop_timeline",
     "synchronize",

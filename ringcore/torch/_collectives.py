@@ -274,10 +274,11 @@ def _grouped_allreduce_async(
 
 
 class _Group:
-    """A handle over several handles (grouped ops): done when all are."""
+    """A handle over several handles (grouped ops): done when all are; its result is
+    the list of theirs, or ``combine`` of that list."""
 
-    def __init__(self, name: str, parts: list[Handle]):
-        self.name, self.parts = name, parts
+    def __init__(self, name: str, parts: list[Handle], combine: Any = None):
+        self.name, self.parts, self.combine = name, parts, combine
         self.done = _AllEvents(parts)
 
     @property
@@ -285,8 +286,9 @@ class _Group:
         return next((p.error for p in self.parts if p.error is not None), None)
 
     @property
-    def result(self) -> list[Any]:
-        return [p.result for p in self.parts]
+    def result(self) -> Any:
+        results = [p.result for p in self.parts]
+        return self.combine(results) if self.combine else results
 
 
 class _AllEvents:
