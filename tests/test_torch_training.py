@@ -233,3 +233,51 @@ def test_sync_batch_norm_equals_batch_norm_on_the_full_batch(np_):
             res["out"] < 1e-5 and res["dx"] < 1e-4 and res["running"] < 1e-5 and res["eval"] < 1e-5
         )
         assert torch.allclose(res["dw"], res["dw_ref"], atol=1e-4)
+
+
+def _autograd_worker():
+    import torch
+
+    import ringcore.torch as hvd
+
+    hvd.init()
+    r, n = hvd.rank(), hvd.size()
+    gen = torch.Generator().manual_seed(11)
+    ws = [torch.randn(n * 2, 3, generator=gen) for _ in range(n)]  # every rank's upstream weights
+    w = ws[r]
+    out = {}
+
+    def grad_of(fn, x):
+        x = x.clone().requires_grad_(True)
+        y = fn(x)
+        y = y[0] if isinstance(y, tuple) else y
+        (y * w[: y.shape[0]]).sum().backward()
+        return x.grad
+
+    x = torch.randn(n * 2, 3, generator=gen) + r
+    out["allreduce_sum"] = grad_of(lambda t: hvd.allreduce(t, op=hvd.Sum), x)
+    out["allreduce_avg"] = grad_of(lambda t: hvd.allreduce(t), x)
+    out["allgather"] = grad_of(lambda t: hvd.allgather(t), x[:2])
+    out["broadcast"] = grad_of(lambda t: hvd.broadcast(t, root_rank=1), x)
+    out["alltoall"] = grad_of(lambda t: hvd.alltoall(t), x)
+    out["reducescatter"] = grad_of(lambda t: hvd.reducescatter(t, op=hvd.Sum), x)
+    return ws, out
+
+
+def test_collectives_differentiate_as_horovod_defines():
+    import torch
+
+    res = run_workers(_autograd_worker, np=2, timeout=120)
+    ws = res[0][0]
+    total, mean = ws[0] + ws[1], (ws[0] + ws[1]) / 2
+    for r, (_, g) in enumerate(res):
+        assert torch.allclose(g["allreduce_sum"], total)
+        assert torch.allclose(g["allreduce_avg"], mean)
+        assert torch.allclose(g["allgather"], mean[:4][2 * r : 2 * r + 2])
+        assert torch.allclose(g["broadcast"], mean if r == 1 else torch.zeros_like(mean))
+        # alltoall: row block j of my input went to rank j, which weighted it by its first rows
+        assert torch.allclose(
+            g["alltoall"], torch.cat([ws[j][2 * r : 2 * r + 2] for j in range(2)])
+        )
+        # reducescatter (Sum): my input rows for rank j's slice get rank j's weights
+        assert torch.allclose(g["reducescatter"], torch.cat([ws[j][:2] for j in range(2)]))

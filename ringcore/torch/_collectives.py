@@ -69,6 +69,12 @@ def _register(h: Handle | _Group) -> int:
     return hid
 
 
+def _autograd():
+    from . import _autograd as autograd_fns
+
+    return autograd_fns
+
+
 def poll(handle: int) -> bool:
     """True when the op behind ``handle`` has finished (synchronize will not block)."""
     with _handles_lock:
@@ -213,6 +219,10 @@ def allreduce(
 ):
     """The reduction of ``tensor`` over all ranks (Average by default), as a new tensor."""
     _check_tensor(tensor, "allreduce")
+    if _autograd().differentiable(tensor) and compression is Compression.none:
+        return _autograd().Allreduce.apply(
+            tensor, average, name, op, prescale_factor, postscale_factor, process_set
+        )
     compressed, ctx = compression.compress(tensor.detach())
     out = synchronize(
         allreduce_async(
@@ -394,6 +404,8 @@ def allgather_async(tensor, name=None, process_set: ProcessSet = global_process_
 
 def allgather(tensor, name=None, process_set: ProcessSet = global_process_set):
     """Concatenate every rank's tensor along dim 0 (first dimensions may differ)."""
+    if _autograd().differentiable(tensor):
+        return _autograd().Allgather.apply(tensor, name, process_set)
     return synchronize(allgather_async(tensor, name, process_set))
 
 
@@ -457,6 +469,8 @@ def broadcast_(tensor, root_rank, name=None, process_set: ProcessSet = global_pr
 
 def broadcast(tensor, root_rank, name=None, process_set: ProcessSet = global_process_set):
     """Rank ``root_rank``'s ``tensor``, on every rank, as a new tensor."""
+    if _autograd().differentiable(tensor):
+        return _autograd().Broadcast.apply(tensor, root_rank, name, process_set)
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
 
@@ -496,6 +510,9 @@ def alltoall_async(
 def alltoall(tensor, splits=None, name=None, process_set: ProcessSet = global_process_set):
     """Send ``splits[i]`` rows to rank i; as Horovod, returns the received tensor, and
     also the received splits when ``splits`` was given."""
+    if _autograd().differentiable(tensor):
+        out, received = _autograd().Alltoall.apply(tensor, splits, name, process_set)
+        return out if splits is None else (out, received)
     return synchronize(alltoall_async(tensor, splits, name, process_set))
 
 
@@ -548,6 +565,10 @@ def reducescatter(
 ):
     """Reduce across ranks, keep this rank's slice of dim 0 (the first ``rows % size``
     ranks get one row more, as Horovod splits)."""
+    if _autograd().differentiable(tensor) and compression is Compression.none:
+        return _autograd().Reducescatter.apply(
+            tensor, name, op, process_set, prescale_factor, postscale_factor
+        )
     compressed, ctx = compression.compress(tensor.detach())
     out = synchronize(
         reducescatter_async(compressed, name, op, process_set, prescale_factor, postscale_factor)
