@@ -20,6 +20,16 @@ STORE_ADDR_ENV_VAR = "RING_STORE_ADDR"
 STORE_PORT_ENV_VAR = "RING_STORE_PORT"
 # "1" when a coordinator outside the ranks hosts the store (else rank 0 hosts it).
 STORE_EXTERNAL_ENV_VAR = "RING_STORE_EXTERNAL"
+# Key prefix of this ring's keys in the store (elastic jobs: one per generation).
+STORE_PREFIX_ENV_VAR = "RING_STORE_PREFIX"
+
+# Elastic jobs: a launcher that outlives the ranks hosts the store and publishes each
+# generation's members there; every worker has an id that survives re-ranking.
+ELASTIC_ENV_VAR = "RING_ELASTIC"
+WORKER_ID_ENV_VAR = "RING_WORKER_ID"
+ELASTIC_TIMEOUT_ENV_VAR = "RING_ELASTIC_TIMEOUT"
+DEFAULT_ELASTIC_TIMEOUT_S = 600.0
+RESET_LIMIT_ENV_VAR = "RING_RESET_LIMIT"
 
 BACKEND_ENV_VAR = "RING_BACKEND"
 DEFAULT_BACKEND = "gloo"

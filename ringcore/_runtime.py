@@ -165,7 +165,8 @@ def _init_locked(process_sets: Any) -> None:
     backend = "gloo"
     store = _open_store(rdv, start_timeout)
     _generation += 1
-    prefixed = dist.PrefixStore(f"ringcore/{_generation}", store)
+    prefix = os.environ.get(cfg.STORE_PREFIX_ENV_VAR) or f"ringcore/{_generation}"
+    prefixed = dist.PrefixStore(prefix, store)
     try:
         dist.init_process_group(
             backend, store=prefixed, rank=topo.rank, world_size=topo.size, timeout=op_timeout

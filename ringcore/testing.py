@@ -70,6 +70,8 @@ def run_workers(
     timeout: float = 120.0,
     hosts: list[str] | None = None,
     return_exceptions: bool = False,
+    elastic: bool = False,
+    min_np: int = 1,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``np`` ranks and return the results by rank.
 
@@ -78,7 +80,14 @@ def run_workers(
     a failed rank's :class:`WorkerError` takes its place in the list (as in
     ``asyncio.gather``) and the other ranks run on; otherwise the first failure ends
     every rank and is raised.
+
+    With ``elastic``, this process is the job's elastic coordinator: when a rank dies
+    (or the ranks ask for it), it publishes a new generation of the ring with the
+    workers still alive, and ``ringcore.torch.elastic.run`` re-forms the ring on them;
+    results are indexed by the original rank, a dead worker's entry is its
+    :class:`WorkerError` (``return_exceptions`` is implied).
     """
+    return_exceptions = return_exceptions or elastic
     if np < 1:
         raise ValueError(f"np must be >= 1, got {np}")
     hosts = list(hosts) if hosts is not None else [_LOOPBACK] * np
@@ -96,6 +105,8 @@ def run_workers(
         rank_env = worker_env(
             topology_from_hosts(hosts, r), _LOOPBACK, store.port, external_store=True
         )
+        if elastic:
+            rank_env.update({"RING_ELASTIC": "1", "RING_WORKER_ID": str(r)})
         rank_env.update(env or {})
         parent_conn, child_conn = ctx.Pipe(duplex=False)
         p = ctx.Process(
@@ -106,6 +117,21 @@ def run_workers(
         procs.append(p)
         conns.append(parent_conn)
     results: dict[int, Any] = {}
+    driver = None
+    if elastic:
+        from ._elastic import ElasticDriver
+
+        def alive() -> tuple[list[str], list[str]]:
+            # a worker that returned its result is done, not lost
+            live = [
+                r
+                for r, p in enumerate(procs)
+                if p.is_alive() or (r in results and not isinstance(results[r], WorkerError))
+            ]
+            return [str(r) for r in live], [hosts[r] for r in live]
+
+        driver = ElasticDriver(store, alive, min_workers=min_np)
+        driver.start([str(r) for r in range(np)])
     try:
         deadline = time.monotonic() + timeout
         pending = dict(enumerate(conns))
@@ -118,8 +144,10 @@ def run_workers(
                 )
             ready = wait(
                 list(pending.values()) + [procs[r].sentinel for r in pending],
-                timeout=min(left, 1.0),
+                timeout=min(left, 0.2 if driver else 1.0),
             )
+            if driver is not None:
+                driver.poll()
             for r, conn in list(pending.items()):
                 if conn in ready or procs[r].sentinel in ready:
                     try:

@@ -1,0 +1,121 @@
+"""Elastic training under ringcore.testing.run_workers: a rank SIGKILLed mid-epoch, the
+survivors restore the last commit, re-form the ring and finish — every sample of every
+epoch trained exactly once (in committed steps)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ringcore import WorkerError
+from ringcore.testing import run_workers
+
+N, BATCH, EPOCHS = 48, 4, 2
+
+
+def _elastic_worker(kill_rank, kill_at_step):
+    import os
+    import signal
+    import time
+
+    import torch
+
+    import ringcore.torch as hvd
+    from ringcore.torch import elastic
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters()
+    )
+    sampler = elastic.ElasticSampler(N, shuffle=True, seed=1)
+    state = elastic.TorchState(
+        model, opt, sampler=sampler, epoch=0, trained=[], steps=0, ranks_seen=[]
+    )
+    data = torch.arange(N, dtype=torch.float32).view(-1, 1).repeat(1, 3)
+
+    @elastic.run
+    def train(state):
+        state.ranks_seen.append(hvd.size())
+        while state.epoch < EPOCHS:
+            indices = list(state.sampler)
+            for b in range(0, len(indices), BATCH):
+                chunk = indices[b : b + BATCH]
+                opt.zero_grad()
+                model(data[chunk]).sum().backward()
+                opt.step()
+                # every rank learns how many samples the ring trained in this step
+                count = int(
+                    hvd.allreduce(torch.tensor([len(chunk)]), op=hvd.Sum, name="count").item()
+                )
+                state.steps += 1
+                if (
+                    state.steps == kill_at_step
+                    and hvd.rank() == kill_rank
+                    and os.environ["RING_WORKER_ID"] == str(kill_rank)
+                ):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                state.trained.append((state.epoch, count))
+                state.sampler.record_indices(chunk)
+                time.sleep(0.02)
+                state.commit()
+            hvd.join()  # ranks may hold one batch more than others after a re-shard
+            assert sorted(state.sampler.processed) == list(range(N)), (
+                "an epoch must cover every sample"
+            )
+            state.epoch += 1
+            state.sampler.set_epoch(state.epoch)
+            state.commit()
+        return state.trained, state.ranks_seen, hvd.size()
+
+    return train(state)
+
+
+def test_a_killed_rank_is_dropped_and_training_finishes_from_the_last_commit():
+    res = run_workers(_elastic_worker, np=3, args=(2, 3), timeout=180, elastic=True)
+    assert isinstance(res[2], WorkerError) and res[2].error_type == "ProcessExit"
+    for trained, ranks_seen, final_size in res[:2]:
+        assert final_size == 2
+        assert ranks_seen == [3, 2]  # started on 3 ranks, re-formed on 2
+        for epoch in range(EPOCHS):
+            assert sum(c for e, c in trained if e == epoch) == N  # none repeated, none skipped
+    assert res[0][0] == res[1][0]
+
+
+def test_without_an_elastic_launcher_a_failure_is_raised():
+    def worker():
+        import ringcore.torch as hvd
+        from ringcore.torch import elastic
+
+        hvd.init()
+        state = elastic.ObjectState(x=1)
+
+        @elastic.run
+        def f(state):
+            raise hvd.RingInternalError("boom")
+
+        try:
+            f(state)
+        except hvd.RingInternalError as exc:
+            return str(exc)
+
+    assert run_workers(worker, np=2, timeout=60) == ["boom", "boom"]
+
+
+@pytest.mark.parametrize("np_", [2])
+def test_object_state_commit_restore_sync(np_):
+    def worker():
+        import ringcore.torch as hvd
+        from ringcore.torch import elastic
+
+        hvd.init()
+        state = elastic.ObjectState(epoch=hvd.rank(), items=[hvd.rank()])
+        state.sync()  # everyone gets rank 0's
+        synced = (state.epoch, list(state.items))
+        state.epoch, state.items = 5, [9]
+        state.commit()
+        state.epoch, state.items = 7, [1, 2]
+        state.restore()
+        return synced, (state.epoch, state.items)
+
+    assert run_workers(worker, np=np_, timeout=60) == [((0, [0]), (5, [9]))] * np_
