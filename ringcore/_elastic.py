@@ -112,6 +112,41 @@ def next_generation() -> None:
     _my_generation = g
 
 
+def join_late() -> None:
+    """A worker started after the job began: wait for the generation that lists it and
+    set the environment so that ``init()`` joins that ring."""
+    global _my_generation
+    me = os.environ[cfg.WORKER_ID_ENV_VAR]
+    deadline = time.monotonic() + cfg.get_float(
+        cfg.ELASTIC_TIMEOUT_ENV_VAR, cfg.DEFAULT_ELASTIC_TIMEOUT_S
+    )
+    while True:
+        g = generation()
+        if g > 0:
+            world = json.loads(_store().get(f"elastic/world/{g}"))
+            if me in world.get("workers", []):
+                break
+        if time.monotonic() > deadline:
+            raise RingInternalError(f"worker {me} was never made part of the ring")
+        time.sleep(0.05)
+    _set_world(g, world)
+
+
+def _set_world(g: int, world: dict) -> None:
+    global _my_generation
+    me = os.environ[cfg.WORKER_ID_ENV_VAR]
+    rank = world["workers"].index(me)
+    env = worker_env(
+        topology_from_hosts(world["hosts"], rank),
+        os.environ[cfg.STORE_ADDR_ENV_VAR],
+        int(os.environ[cfg.STORE_PORT_ENV_VAR]),
+        external_store=True,
+    )
+    env[cfg.STORE_PREFIX_ENV_VAR] = f"elastic/ring/{g}"
+    os.environ.update(env)
+    _my_generation = g
+
+
 class ElasticDriver:
     """The launcher's side: publishes a new generation whenever a worker dies or asks.
 
@@ -128,6 +163,24 @@ class ElasticDriver:
         self.members = list(members)
         self.store.add(GEN_KEY, 0)
 
+    def grow(self, ids: list[str]) -> None:
+        """Publish a generation with the workers ``ids`` added (already started; ``alive()``
+        lists them). The running ranks learn of it at their next commit."""
+        live_ids, live_hosts = self.alive()
+        missing = [i for i in ids if i not in live_ids]
+        if missing:
+            raise RuntimeError(f"workers {missing} are not running")
+        self._publish(live_ids, live_hosts)
+
+    def _publish(self, ids: list[str], hosts: list[str]) -> None:
+        self.generation += 1
+        world: dict[str, Any] = {"workers": ids, "hosts": hosts}
+        if len(ids) < self.min_workers:
+            world = {"abort": f"only {len(ids)} workers left, fewer than min_np={self.min_workers}"}
+        self.store.set(f"elastic/world/{self.generation}", json.dumps(world))
+        self.store.add(GEN_KEY, 1)
+        self.members = list(ids)
+
     def poll(self) -> bool:
         """Check once; True when a new generation was published."""
         ids, hosts = self.alive()
@@ -137,11 +190,5 @@ class ElasticDriver:
             return False
         time.sleep(self.grace_s)  # let every death of the same event show
         ids, hosts = self.alive()
-        self.generation += 1
-        world: dict[str, Any] = {"workers": ids, "hosts": hosts}
-        if len(ids) < self.min_workers:
-            world = {"abort": f"only {len(ids)} workers left, fewer than min_np={self.min_workers}"}
-        self.store.set(f"elastic/world/{self.generation}", json.dumps(world))
-        self.store.add(GEN_KEY, 1)
-        self.members = list(ids)
+        self._publish(ids, hosts)
         return True

@@ -114,6 +114,11 @@ def _init_locked(process_sets: Any) -> None:
         return
     import torch.distributed as dist
 
+    if os.environ.get("RING_ELASTIC_LATE") == "1":  # added to a running elastic job
+        from ._elastic import join_late
+
+        join_late()
+        os.environ["RING_ELASTIC_LATE"] = "0"
     rdv = read_environment()
     topo = rdv.topology
     backend_name = (

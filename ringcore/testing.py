@@ -61,6 +61,72 @@ def _end(procs: list[Any], grace_s: float = 3.0) -> None:
             p.join(1.0)
 
 
+class _Workers:
+    """The spawned rank processes of one ``run_workers`` call, and their results."""
+
+    def __init__(self, fn, args, kwargs, env, port: int, elastic: bool):
+        self.ctx = multiprocessing.get_context("spawn")
+        self.payload = cloudpickle.dumps((fn, args, kwargs or {}))
+        self.env, self.port, self.elastic = env or {}, port, elastic
+        self.procs: list[Any] = []
+        self.conns: list[Any] = []
+        self.hosts: list[str] = []
+        self.results: dict[int, Any] = {}
+
+    def spawn(self, rank_env: dict[str, str], host: str) -> int:
+        r = len(self.procs)
+        if self.elastic:
+            rank_env.update({"RING_ELASTIC": "1", "RING_WORKER_ID": str(r)})
+        rank_env.update(self.env)
+        parent_conn, child_conn = self.ctx.Pipe(duplex=False)
+        p = self.ctx.Process(
+            target=_child,
+            args=(self.payload, rank_env, child_conn),
+            daemon=True,
+            name=f"ring-rank-{r}",
+        )
+        p.start()
+        child_conn.close()
+        self.procs.append(p)
+        self.conns.append(parent_conn)
+        self.hosts.append(host)
+        return r
+
+    def spawn_late(self, host: str) -> int:
+        """A worker added to a running elastic job: it learns its rank from the next generation."""
+        env = {
+            "RING_STORE_ADDR": _LOOPBACK,
+            "RING_STORE_PORT": str(self.port),
+            "RING_STORE_EXTERNAL": "1",
+            "RING_ELASTIC_LATE": "1",
+            "RING_RANK": "0",
+            "RING_SIZE": "1",
+        }
+        return self.spawn(env, host)
+
+    def alive(self) -> tuple[list[str], list[str]]:
+        """Workers still in the job: running, or done with a result (done is not lost)."""
+        live = [
+            r
+            for r, p in enumerate(self.procs)
+            if p.is_alive() or (r in self.results and not isinstance(self.results[r], WorkerError))
+        ]
+        return [str(r) for r in live], [self.hosts[r] for r in live]
+
+    def collect(self, r: int) -> tuple[str, Any]:
+        try:
+            kind, data = self.conns[r].recv()
+            return kind, cloudpickle.loads(data)
+        except EOFError:
+            self.procs[r].join(5.0)
+            return "error", WorkerError(
+                r,
+                self.hosts[r],
+                "ProcessExit",
+                f"the process exited with code {self.procs[r].exitcode} before returning",
+            )
+
+
 def run_workers(
     fn,
     np: int = 2,
@@ -72,6 +138,7 @@ def run_workers(
     return_exceptions: bool = False,
     elastic: bool = False,
     min_np: int = 1,
+    grow: list[tuple[float, int]] | None = None,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``np`` ranks and return the results by rank.
 
@@ -84,8 +151,9 @@ def run_workers(
     With ``elastic``, this process is the job's elastic coordinator: when a rank dies
     (or the ranks ask for it), it publishes a new generation of the ring with the
     workers still alive, and ``ringcore.torch.elastic.run`` re-forms the ring on them;
-    results are indexed by the original rank, a dead worker's entry is its
-    :class:`WorkerError` (``return_exceptions`` is implied).
+    ``grow=[(seconds, count)]`` adds ``count`` workers that many seconds after the
+    start. Results are indexed by worker (original rank, then added workers); a dead
+    worker's entry is its :class:`WorkerError` (``return_exceptions`` is implied).
     """
     return_exceptions = return_exceptions or elastic
     if np < 1:
@@ -93,48 +161,30 @@ def run_workers(
     hosts = list(hosts) if hosts is not None else [_LOOPBACK] * np
     if len(hosts) != np:
         raise ValueError(f"hosts lists {len(hosts)} entries but np is {np}")
+    if grow and not elastic:
+        raise ValueError("grow= adds workers to an elastic job; pass elastic=True")
     import torch.distributed as dist
 
     store = dist.TCPStore(
         _LOOPBACK, 0, np, True, timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False
     )
-    ctx = multiprocessing.get_context("spawn")
-    payload = cloudpickle.dumps((fn, args, kwargs or {}))
-    procs, conns = [], []
+    workers = _Workers(fn, args, kwargs, env, store.port, elastic)
     for r in range(np):
-        rank_env = worker_env(
-            topology_from_hosts(hosts, r), _LOOPBACK, store.port, external_store=True
+        workers.spawn(
+            worker_env(topology_from_hosts(hosts, r), _LOOPBACK, store.port, external_store=True),
+            hosts[r],
         )
-        if elastic:
-            rank_env.update({"RING_ELASTIC": "1", "RING_WORKER_ID": str(r)})
-        rank_env.update(env or {})
-        parent_conn, child_conn = ctx.Pipe(duplex=False)
-        p = ctx.Process(
-            target=_child, args=(payload, rank_env, child_conn), daemon=True, name=f"ring-rank-{r}"
-        )
-        p.start()
-        child_conn.close()
-        procs.append(p)
-        conns.append(parent_conn)
-    results: dict[int, Any] = {}
     driver = None
     if elastic:
         from ._elastic import ElasticDriver
 
-        def alive() -> tuple[list[str], list[str]]:
-            # a worker that returned its result is done, not lost
-            live = [
-                r
-                for r, p in enumerate(procs)
-                if p.is_alive() or (r in results and not isinstance(results[r], WorkerError))
-            ]
-            return [str(r) for r in live], [hosts[r] for r in live]
-
-        driver = ElasticDriver(store, alive, min_workers=min_np)
+        driver = ElasticDriver(store, workers.alive, min_workers=min_np)
         driver.start([str(r) for r in range(np)])
+    growth = sorted(grow or [])
+    started = time.monotonic()
     try:
-        deadline = time.monotonic() + timeout
-        pending = dict(enumerate(conns))
+        deadline = started + timeout
+        pending = dict(enumerate(workers.conns))
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -143,32 +193,24 @@ def run_workers(
                     "returned. Raise timeout= or look for a rank that waits on a collective the others skipped."
                 )
             ready = wait(
-                list(pending.values()) + [procs[r].sentinel for r in pending],
+                list(pending.values()) + [workers.procs[r].sentinel for r in pending],
                 timeout=min(left, 0.2 if driver else 1.0),
             )
-            if driver is not None:
-                driver.poll()
-            for r, conn in list(pending.items()):
-                if conn in ready or procs[r].sentinel in ready:
-                    try:
-                        kind, data = conn.recv()
-                        value = cloudpickle.loads(data)
-                    except EOFError:
-                        procs[r].join(5.0)
-                        kind, value = (
-                            "error",
-                            WorkerError(
-                                r,
-                                hosts[r],
-                                "ProcessExit",
-                                f"the process exited with code {procs[r].exitcode} before returning",
-                            ),
-                        )
+            for r in list(pending):
+                if pending[r] in ready or workers.procs[r].sentinel in ready:
+                    kind, value = workers.collect(r)
                     del pending[r]
                     if kind == "error" and not return_exceptions:
                         raise value
-                    results[r] = value
+                    workers.results[r] = value
+            if driver is not None:
+                while growth and time.monotonic() - started >= growth[0][0]:
+                    _, count = growth.pop(0)
+                    new = [workers.spawn_late(_LOOPBACK) for _ in range(count)]
+                    pending.update({r: workers.conns[r] for r in new})
+                    driver.grow([str(r) for r in new])
+                driver.poll()
     finally:
-        _end(procs)
+        _end(workers.procs)
         del store
-    return [results[r] for r in range(np)]
+    return [workers.results[r] for r in range(len(workers.procs))]

@@ -12,7 +12,7 @@ from ringcore.testing import run_workers
 N, BATCH, EPOCHS = 48, 4, 2
 
 
-def _elastic_worker(kill_rank, kill_at_step):
+def _elastic_worker(kill_rank, kill_at_step, step_sleep=0.02):
     import os
     import signal
     import time
@@ -57,7 +57,7 @@ def _elastic_worker(kill_rank, kill_at_step):
                     os.kill(os.getpid(), signal.SIGKILL)
                 state.trained.append((state.epoch, count))
                 state.sampler.record_indices(chunk)
-                time.sleep(0.02)
+                time.sleep(step_sleep)
                 state.commit()
             hvd.join()  # ranks may hold one batch more than others after a re-shard
             assert sorted(state.sampler.processed) == list(range(N)), (
@@ -80,6 +80,17 @@ def test_a_killed_rank_is_dropped_and_training_finishes_from_the_last_commit():
         for epoch in range(EPOCHS):
             assert sum(c for e, c in trained if e == epoch) == N  # none repeated, none skipped
     assert res[0][0] == res[1][0]
+
+
+def test_an_added_worker_gets_the_state_from_rank_0_and_training_goes_on_on_3_ranks():
+    res = run_workers(_elastic_worker, np=2, args=(-1, -1, 0.25), timeout=180, elastic=True, grow=[(4.0, 1)])
+    assert len(res) == 3
+    for trained, ranks_seen, final_size in res:
+        assert final_size == 3
+        assert ranks_seen == [2, 3]  # the added worker received the list from rank 0
+        for epoch in range(EPOCHS):
+            assert sum(c for e, c in trained if e == epoch) == N
+    assert res[0][0] == res[1][0] == res[2][0]
 
 
 def test_without_an_elastic_launcher_a_failure_is_raised():

@@ -164,14 +164,20 @@ class TorchState(ObjectState):
         others = {k: v for k, v in kwargs.items() if k not in self._samplers}
         for k, v in self._samplers.items():
             setattr(self, k, v)
+        self._collective_save = (
+            False  # building the state is local: ranks may build it at different times
+        )
         super().__init__(**others)
+        self._collective_save = True
 
     def save(self) -> None:
         # The collective part first: if a peer dies here, nothing of this commit is kept.
         merged = {}
         for k, sampler in self._samplers.items():
             processed = sampler.processed
-            if is_initialized() and size() > 1:  # every rank learns what every rank processed
+            if (
+                self._collective_save and is_initialized() and size() > 1
+            ):  # merge every rank's records
                 processed = set().union(
                     *allgather_object(sorted(processed), name=f"elastic.sampler.{k}")
                 )
