@@ -8,6 +8,6 @@ Intermediate Parquet data and checkpoints live in a :class:`Store`.
 
 from ._estimator import RingEstimator
 from ._model import RingModel
-from ._store import LocalStore, Store
+from ._store import DBFSLocalStore, FsspecStore, LocalStore, Store
 
-__all__ = ["LocalStore", "RingEstimator", "RingModel", "Store"]
+__all__ = ["DBFSLocalStore", "FsspecStore", "LocalStore", "RingEstimator", "RingModel", "Store"]

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import BooleanType, IntegralType, NumericType, StructType
 
 from ringcore.data import READERS
 
@@ -35,13 +36,16 @@ class FitConfig:
     metrics: list[Any]
     feature_cols: list[str]
     label_cols: list[str]
-    validation: float
+    validation: float | str  # a fraction, or the column marking validation rows
+    sample_weight_col: str | None
+    transformation_fn: Any
     batch_size: int
     val_batch_size: int
     epochs: int
     shuffle: bool
     verbose: int
     seed: int
+    split_seed: int | None  # random_seed as set (None: unset), for the prepared-data cache
     store: Store
     run_id: str
     num_proc: int
@@ -85,7 +89,7 @@ def _check_model(model: Any, optimizer: Any, loss: Any) -> None:
         )
 
 
-def _check_columns(est: Any, df: DataFrame) -> None:
+def _check_columns(est: Any, schema: StructType) -> None:
     features, labels = est.getFeatureCols(), est.getLabelCols()
     if not features:
         raise ValueError(
@@ -102,8 +106,36 @@ def _check_columns(est: Any, df: DataFrame) -> None:
         dupes = sorted({c for c in cols if cols.count(c) > 1})
         if dupes:
             raise ValueError(f"{what} names {', '.join(dupes)} more than once.")
-    check_columns(df.schema, features, "feature", "setFeatureCols")
-    check_columns(df.schema, labels, "label", "setLabelCols")
+    check_columns(schema, features, "feature", "setFeatureCols")
+    check_columns(schema, labels, "label", "setLabelCols")
+    _check_extra_columns(est, schema, set(features) | set(labels))
+
+
+def _check_extra_columns(est: Any, schema: StructType, used: set[str]) -> None:
+    """The sample weight column and a validation column: present, of a fitting type."""
+    weight = est.getSampleWeightCol()
+    if weight is not None:
+        if weight in used:
+            raise ValueError(f"sample_weight_col {weight!r} is also a feature or label column.")
+        check_columns(schema, [weight], "sample weight", "setSampleWeightCol")
+        if not isinstance(schema[weight].dataType, (NumericType, BooleanType)):
+            raise ValueError(
+                f"sample weight column {weight!r} has type "
+                f"{schema[weight].dataType.simpleString()}; it takes one number per row. "
+                "Set setSampleWeightCol to a numeric column."
+            )
+    validation = est.getValidation()
+    if isinstance(validation, str):
+        if validation in used or validation == weight:
+            raise ValueError(f"validation column {validation!r} is also a feature/label/weight.")
+        check_columns(schema, [validation], "validation", "setValidation")
+        dtype = schema[validation].dataType
+        if not isinstance(dtype, (BooleanType, IntegralType)):
+            raise ValueError(
+                f"validation column {validation!r} has type {dtype.simpleString()}; it must be "
+                "boolean or integer (true / non-zero on validation rows). Pass a column like "
+                "that, or a fraction such as setValidation(0.1)."
+            )
 
 
 def _check_numbers(est: Any) -> None:
@@ -119,7 +151,7 @@ def _check_numbers(est: Any) -> None:
     ):
         _check_positive(name, est.getOrDefault(name), setter, optional)
     validation = est.getValidation()
-    if not 0.0 <= validation < 1.0:
+    if not isinstance(validation, str) and not 0.0 <= validation < 1.0:
         raise ValueError(
             f"validation is the fraction of rows held out, in [0, 1); got {validation}. "
             "Set it with setValidation(0.1), for example."
@@ -132,15 +164,31 @@ def _default_run_id() -> str:
     return f"run_{time.strftime('%Y%m%d_%H%M%S')}_{uuid.uuid4().hex[:6]}"
 
 
-def resolve_config(est: Any, df: DataFrame) -> FitConfig:
-    """Check every param of ``est`` against ``df`` and resolve the defaults; starts no job."""
+def _resolve_store(est: Any) -> Store:
+    store = est.getStore() or Store.create(tempfile.mkdtemp(prefix="ringtrain-store-"))
+    if not store.spark_can_write:
+        raise ValueError(
+            f"the store {store.prefix_path} lives in the driver's memory, which the Spark workers "
+            "(other processes) cannot read. Use a store every worker reaches: a shared "
+            "directory, file://, s3://, gs://, hdfs://, abfs:// or dbfs:/."
+        )
+    return store
+
+
+def resolve_config(est: Any, df: DataFrame | None, spark: SparkSession | None = None) -> FitConfig:
+    """Check every param of ``est`` (against ``df``'s schema when given) and resolve the
+    defaults; starts no job. Without ``df`` (data already in the store) the caller
+    checks the columns and ``validation`` must be a fraction."""
     model, optimizer, loss = est.getModel(), est.getOptimizer(), est.getLoss()
     _check_model(model, optimizer, loss)
     resolve_metrics(est.getMetrics())
-    _check_columns(est, df)
+    if df is not None:
+        _check_columns(est, df.schema)
+        spark = df.sparkSession
     _check_numbers(est)
     seed = est.getRandomSeed()
-    store = est.getStore() or Store.create(tempfile.mkdtemp(prefix="ringtrain-store-"))
+    store = _resolve_store(est)
+    parallelism = spark.sparkContext.defaultParallelism if spark is not None else 1
     return FitConfig(
         model=model,
         optimizer=optimizer,
@@ -149,15 +197,18 @@ def resolve_config(est: Any, df: DataFrame) -> FitConfig:
         feature_cols=list(est.getFeatureCols()),
         label_cols=list(est.getLabelCols()),
         validation=est.getValidation(),
+        sample_weight_col=est.getSampleWeightCol(),
+        transformation_fn=est.getTransformationFn(),
         batch_size=est.getBatchSize(),
         val_batch_size=est.getValBatchSize() or est.getBatchSize(),
         epochs=est.getEpochs(),
         shuffle=est.getShuffle(),
         verbose=est.getVerbose(),
         seed=seed if seed is not None else random.randrange(2**31),
+        split_seed=seed,
         store=store,
         run_id=est.getRunId() or _default_run_id(),
-        num_proc=est.getNumProc() or df.sparkSession.sparkContext.defaultParallelism,
+        num_proc=est.getNumProc() or parallelism,
         train_steps_per_epoch=est.getTrainStepsPerEpoch(),
         validation_steps_per_epoch=est.getValidationStepsPerEpoch(),
         reader=est.getReader(),

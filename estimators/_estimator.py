@@ -10,18 +10,19 @@ final checkpoint into a :class:`RingModel`.
 from __future__ import annotations
 
 import copy
+import io
 from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
 import torch
 from pyspark.ml import Estimator
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 
 from ._config import FitConfig, resolve_config
 from ._model import RingModel
 from ._params import ESTIMATOR_PARAMS, GeneratedAccessors, init_params, with_params
-from ._prepare import PreparedData, prepare_data
+from ._prepare import PreparedData, describe_parquet, prepare_data
 from ._report import HistoryPrinter
 from ._train_torch import TrainSpec, train
 
@@ -61,7 +62,38 @@ def _train_spec(cfg: FitConfig, data: PreparedData) -> TrainSpec:
         backward_passes_per_step=cfg.backward_passes_per_step,
         store=cfg.store,
         run_id=cfg.run_id,
+        sample_weight_col=cfg.sample_weight_col,
+        transformation_fn=cfg.transformation_fn,
     )
+
+
+def _check_parquet_columns(cfg: FitConfig, paths: list[str]) -> None:
+    """Data already in the store must exist and hold every column the params name."""
+    wanted = cfg.feature_cols + cfg.label_cols
+    if cfg.sample_weight_col is not None:
+        wanted.append(cfg.sample_weight_col)
+    for path in paths:
+        if not cfg.store.exists(path):
+            raise ValueError(
+                f"no Parquet data at {path}; pass paths inside the store {cfg.store.prefix_path}, "
+                "e.g. store.get_train_data_path(0) of an earlier fit."
+            )
+        present = cfg.store.parquet_dataset(path).schema.names
+        missing = [c for c in wanted if c not in present]
+        if missing:
+            raise ValueError(
+                f"the Parquet data at {path} has no column(s) {', '.join(missing)}; its columns "
+                f"are: {', '.join(present)}. Set feature_cols / label_cols to columns it has."
+            )
+
+
+def _activate(spark: SparkSession) -> None:
+    """Make ``spark`` this thread's active session when the thread has none:
+    ``CrossValidator`` fits in pool threads, where ``spark_runner.run`` would find none."""
+    if SparkSession.getActiveSession() is None:
+        jvm = spark.sparkContext._jvm
+        assert jvm is not None
+        jvm.SparkSession.setActiveSession(spark._jsparkSession)
 
 
 @with_params(ESTIMATOR_PARAMS)
@@ -79,9 +111,36 @@ class RingEstimator(GeneratedAccessors, Estimator):
         super().__init__()
         init_params(self, ESTIMATOR_PARAMS, kwargs)
 
+    def copy(self, extra: Any = None) -> RingEstimator:
+        """An independent estimator (Spark ML ``copy``): ``extra`` params applied, and the
+        model and optimizer deep-copied together (the copy's optimizer drives the copy's
+        model), so fitting or changing one leaves the other as it was."""
+        that = super().copy(extra)
+        if that.isSet("model"):
+            model, optimizer = copy.deepcopy((that.getModel(), that.getOrDefault("optimizer")))
+            that._set(model=model)
+            if that.isSet("optimizer"):
+                that._set(optimizer=optimizer)
+        return that
+
     def _fit(self, dataset: DataFrame) -> RingModel:
+        _activate(dataset.sparkSession)
         cfg = resolve_config(self, dataset)
-        data = prepare_data(dataset, cfg)
+        return self._train(cfg, prepare_data(dataset, cfg))
+
+    def fit_on_parquet(
+        self, train_path: str, val_path: str | None = None, params: dict | None = None
+    ) -> RingModel:
+        """Train on Parquet already in the store (e.g. ``store.get_train_data_path(0)``
+        written by an earlier ``fit``), with optional validation data; ``params``
+        overrides params as in ``fit``. The ``validation`` param is not used here."""
+        est = self.copy(params) if params else self
+        cfg = resolve_config(est, None, SparkSession.getActiveSession())
+        paths = [train_path] + ([val_path] if val_path is not None else [])
+        _check_parquet_columns(cfg, paths)
+        return est._train(cfg, describe_parquet(cfg, train_path, val_path))
+
+    def _train(self, cfg: FitConfig, data: PreparedData) -> RingModel:
         spec = _train_spec(cfg, data)
         with HistoryPrinter(cfg.store, cfg.run_id, cfg.epochs, enabled=cfg.verbose >= 1) as printer:
             history = self.launcher(train, (spec,), cfg.num_proc)[0]
@@ -91,8 +150,8 @@ class RingEstimator(GeneratedAccessors, Estimator):
     def _load_model(
         self, cfg: FitConfig, data: PreparedData, history: list[dict[str, Any]]
     ) -> RingModel:
-        with cfg.store.open_read(cfg.store.get_checkpoint_path(cfg.run_id)) as f:
-            checkpoint = torch.load(f, weights_only=True)
+        raw = cfg.store.read_bytes(cfg.store.get_checkpoint_path(cfg.run_id))
+        checkpoint = torch.load(io.BytesIO(raw), weights_only=True)
         model = copy.deepcopy(cfg.model)
         model.load_state_dict(checkpoint["model"])
         model.eval()

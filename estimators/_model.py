@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 from pyspark.ml import Model
+from pyspark.ml.util import MLReadable, MLWritable
 from pyspark.sql import DataFrame
 from pyspark.sql.types import ArrayType, DataType, DoubleType, StructField, StructType
 
@@ -24,6 +25,7 @@ from ringcore.data import to_numpy_columns
 
 from ._columns import check_columns, feature_expr
 from ._params import MODEL_PARAMS, GeneratedAccessors, init_params, with_params
+from ._persistence import RingModelReader, RingModelWriter
 from ._train_torch import as_outputs, to_inputs
 
 __all__ = ["RingModel"]
@@ -100,12 +102,23 @@ def _make_predict(
 
 
 @with_params(MODEL_PARAMS)
-class RingModel(GeneratedAccessors, Model):
-    """A torch model trained by :class:`RingEstimator`; ``transform`` appends its outputs."""
+class RingModel(GeneratedAccessors, Model, MLWritable, MLReadable["RingModel"]):
+    """A torch model trained by :class:`RingEstimator`; ``transform`` appends its outputs.
+
+    ``save(path)`` / ``RingModel.load(path)`` persist it as Spark ML does (see
+    ``estimators._persistence``), inside a ``PipelineModel`` too.
+    """
 
     def __init__(self, **kwargs: Any):
         super().__init__()
         init_params(self, MODEL_PARAMS, kwargs)
+
+    def write(self) -> RingModelWriter:
+        return RingModelWriter(self)
+
+    @classmethod
+    def read(cls) -> RingModelReader:
+        return RingModelReader(cls)
 
     def _output_names(self) -> list[str]:
         return self.getOutputCols() or [f"{label}__output" for label in self.getLabelCols()]

@@ -65,12 +65,24 @@ def _to_store(value: Any) -> Store:
     raise TypeError(f"store takes a Store or a path, got {type(value).__name__}")
 
 
+def _to_validation(value: Any) -> float | str:
+    """A fraction of the rows, or the name of a bool/int column marking validation rows."""
+    if isinstance(value, str):
+        return value
+    return TypeConverters.toFloat(value)
+
+
+def _to_callable(value: Any) -> Any:
+    if not callable(value):
+        raise TypeError(f"expected a callable, got {type(value).__name__}")
+    return value
+
+
 def _to_history(value: Any) -> list[dict[str, Any]]:
     return [dict(entry) for entry in value]
 
 
 _int = TypeConverters.toInt
-_float = TypeConverters.toFloat
 _str = TypeConverters.toString
 _bool = TypeConverters.toBoolean
 _any = TypeConverters.identity
@@ -86,7 +98,9 @@ ESTIMATOR_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("metrics", _to_metrics, [], "metrics computed each epoch: names ('accuracy') or callables fn(output, label) -> scalar"),
     ParamSpec("feature_cols", _to_columns, None, "input columns, passed to model(*features) in this order"),
     ParamSpec("label_cols", _to_columns, None, "label columns, one per model output"),
-    ParamSpec("validation", _float, 0.0, "fraction of the rows held out for validation, in [0, 1)"),
+    ParamSpec("validation", _to_validation, 0.0, "fraction of the rows held out for validation, in [0, 1), or the name of a bool/int column that is true (non-zero) on validation rows"),
+    ParamSpec("sample_weight_col", _str, None, "column of per-row weights of the loss (numeric); default: every row weighs 1"),
+    ParamSpec("transformation_fn", _to_callable, None, "fn(batch) -> batch applied by the workers to every batch, a dict {column: numpy array}"),
     ParamSpec("batch_size", _int, 32, "rows per training step on each process"),
     ParamSpec("val_batch_size", _int, None, "rows per validation step; default: batch_size"),
     ParamSpec("epochs", _int, 1, "passes over the training data"),

@@ -5,24 +5,33 @@ Petastorm shards by row group, so uneven files give ranks uneven data (seen:
 with ``repartition(num_proc)`` (round-robin: equal to within a few rows), each a
 single row group, and fix the steps per epoch from the row count so that every
 rank runs the same number of steps.
+
+Prepared data is reused: a second fit on the same DataFrame (same analyzed plan,
+``df.semanticHash()`` and schema), columns, validation, seed and ``num_proc`` into the
+same store trains on the Parquet of the first, writing none. The cache lives in the
+driver process and trusts the plan: a file-based DataFrame whose files changed
+under the same path is not noticed. A failed preparation removes what it wrote.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
+from typing import Any
 
-import pyarrow.dataset as pads
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
-from ringcore.data import parquet_row_counts, resolve_reader, to_numpy_columns
+from ringcore.data import resolve_reader, to_numpy_columns
 
 from ._columns import feature_expr, label_expr
 from ._config import FitConfig
+from ._store import Store
 
 log = logging.getLogger("ringtrain.estimators")
 
-__all__ = ["PreparedData", "prepare_data"]
+__all__ = ["PreparedData", "clear_cache", "describe_parquet", "prepare_data"]
 
 
 @dataclass(frozen=True)
@@ -35,14 +44,49 @@ class PreparedData:
     feature_shapes: list[list[int]]  # one row's shape per feature column
 
 
+_CACHE: dict[tuple[Any, ...], PreparedData] = {}
+
+
+def clear_cache() -> None:
+    """Forget every prepared dataset (the Parquet stays in its store)."""
+    _CACHE.clear()
+
+
 def _write(frame: DataFrame, url: str, num_proc: int) -> None:
     frame.repartition(num_proc).write.mode("errorifexists").parquet(url)
 
 
-def _check_files(path: str, what: str, num_proc: int, reader: str) -> int:
-    counts = parquet_row_counts(path)
-    groups = [f.num_row_groups for f in pads.dataset(path, format="parquet").get_fragments()]
-    rows = sum(counts)
+def _null_counts(dataset: Any) -> dict[str, int]:
+    """Nulls per top-level column, from the Parquet footers' statistics (no data read)."""
+    counts: dict[str, int] = {}
+    for fragment in dataset.get_fragments():
+        meta = fragment.metadata
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            for j in range(group.num_columns):
+                column = group.column(j)
+                stats = column.statistics
+                if stats is not None and stats.has_null_count and stats.null_count:
+                    name = column.path_in_schema.split(".")[0]
+                    counts[name] = counts.get(name, 0) + stats.null_count
+    return counts
+
+
+def _check_nulls(dataset: Any, what: str) -> None:
+    for name, count in sorted(_null_counts(dataset).items()):
+        raise ValueError(
+            f"column {name!r} of the {what} data has {count} null value(s) (or null array "
+            "elements); models need a value in every row. Drop those rows "
+            f"(df.na.drop(subset=[{name!r}])) or fill them (df.na.fill(...)) before fit."
+        )
+
+
+def _check_files(store: Store, path: str, what: str, num_proc: int, reader: str) -> int:
+    dataset = store.parquet_dataset(path)
+    fragments = list(dataset.get_fragments())
+    rows = sum(f.metadata.num_rows for f in fragments)
+    groups = [f.metadata.num_row_groups for f in fragments]
+    _check_nulls(dataset, what)
     if rows < num_proc:
         raise ValueError(
             f"the {what} data has {rows} rows, fewer than num_proc={num_proc}: some process would "
@@ -66,9 +110,9 @@ def _check_files(path: str, what: str, num_proc: int, reader: str) -> int:
     return rows
 
 
-def _feature_shapes(path: str, feature_cols: list[str]) -> list[list[int]]:
+def _feature_shapes(store: Store, path: str, feature_cols: list[str]) -> list[list[int]]:
     first = to_numpy_columns(
-        pads.dataset(path, format="parquet").head(1, columns=feature_cols), feature_cols
+        store.parquet_dataset(path).head(1, columns=feature_cols), feature_cols
     )
     return [list(first[c].shape[1:]) or [1] for c in feature_cols]
 
@@ -79,39 +123,87 @@ def _steps_per_epoch(cfg: FitConfig, train_rows: int) -> int:
     return max(1, train_rows // (cfg.batch_size * cfg.num_proc))
 
 
-def prepare_data(df: DataFrame, cfg: FitConfig) -> PreparedData:
-    """Select and flatten the columns, split off validation, write Parquet under the Store."""
-    schema = df.schema
-    selected = df.select(
-        *[feature_expr(schema[c]) for c in cfg.feature_cols],
-        *[label_expr(schema[c]) for c in cfg.label_cols],
-    )
-    if cfg.validation > 0:
-        train_df, val_df = selected.randomSplit(
-            [1.0 - cfg.validation, cfg.validation], seed=cfg.seed
-        )
-    else:
-        train_df, val_df = selected, None
-    idx = cfg.store.next_data_index()
-    train_path = cfg.store.get_train_data_path(idx)
-    _write(train_df, cfg.store.url(train_path), cfg.num_proc)
-    train_rows = _check_files(train_path, "training", cfg.num_proc, cfg.reader)
-    val_path, val_rows = None, 0
-    if val_df is not None:
-        val_path = cfg.store.get_val_data_path(idx)
-        _write(val_df, cfg.store.url(val_path), cfg.num_proc)
-        val_rows = _check_files(val_path, "validation", cfg.num_proc, cfg.reader)
-    log.info(
-        "wrote %d training and %d validation rows to %s",
-        train_rows,
-        val_rows,
-        cfg.store.prefix_path,
-    )
+def describe_parquet(cfg: FitConfig, train_path: str, val_path: str | None) -> PreparedData:
+    """Check Parquet already in the store (row counts, row groups, nulls) and describe it."""
+    train_rows = _check_files(cfg.store, train_path, "training", cfg.num_proc, cfg.reader)
+    val_rows = 0
+    if val_path is not None:
+        val_rows = _check_files(cfg.store, val_path, "validation", cfg.num_proc, cfg.reader)
     return PreparedData(
         train_path=train_path,
         val_path=val_path,
         train_rows=train_rows,
         val_rows=val_rows,
         steps_per_epoch=_steps_per_epoch(cfg, train_rows),
-        feature_shapes=_feature_shapes(train_path, cfg.feature_cols),
+        feature_shapes=_feature_shapes(cfg.store, train_path, cfg.feature_cols),
     )
+
+
+def _split(df: DataFrame, cfg: FitConfig) -> tuple[DataFrame, DataFrame | None]:
+    """The selected columns of the training rows and of the validation rows (or None)."""
+    schema = df.schema
+    columns = [feature_expr(schema[c]) for c in cfg.feature_cols]
+    columns += [label_expr(schema[c]) for c in cfg.label_cols]
+    if cfg.sample_weight_col is not None:
+        columns.append(F.col(f"`{cfg.sample_weight_col}`").cast("float"))
+    if isinstance(cfg.validation, str):
+        marked = F.coalesce(F.col(f"`{cfg.validation}`").cast("boolean"), F.lit(False))
+        return df.filter(~marked).select(*columns), df.filter(marked).select(*columns)
+    selected = df.select(*columns)
+    if cfg.validation > 0:
+        train_df, val_df = selected.randomSplit(
+            [1.0 - cfg.validation, cfg.validation], seed=cfg.seed
+        )
+        return train_df, val_df
+    return selected, None
+
+
+def _cache_key(df: DataFrame, cfg: FitConfig) -> tuple[Any, ...]:
+    return (
+        repr(cfg.store),
+        df.semanticHash(),
+        df.schema.json(),
+        tuple(cfg.feature_cols),
+        tuple(cfg.label_cols),
+        cfg.sample_weight_col,
+        cfg.validation,
+        cfg.split_seed,
+        cfg.num_proc,
+        resolve_reader(cfg.reader),
+    )
+
+
+def _cached(key: tuple[Any, ...], cfg: FitConfig) -> PreparedData | None:
+    data = _CACHE.get(key)
+    if data is None or not cfg.store.exists(data.train_path):
+        return None
+    if data.val_path is not None and not cfg.store.exists(data.val_path):
+        return None
+    log.info("reusing the prepared data %s", data.train_path)
+    return dataclasses.replace(data, steps_per_epoch=_steps_per_epoch(cfg, data.train_rows))
+
+
+def prepare_data(df: DataFrame, cfg: FitConfig) -> PreparedData:
+    """Select and flatten the columns, split off validation, write Parquet under the Store
+    (or reuse what an earlier fit of the same data wrote)."""
+    key = _cache_key(df, cfg)
+    cached = _cached(key, cfg)
+    if cached is not None:
+        return cached
+    train_df, val_df = _split(df, cfg)
+    idx = cfg.store.next_data_index()
+    train_path = cfg.store.get_train_data_path(idx)
+    val_path = cfg.store.get_val_data_path(idx) if val_df is not None else None
+    try:
+        _write(train_df, cfg.store.url(train_path), cfg.num_proc)
+        if val_df is not None and val_path is not None:
+            _write(val_df, cfg.store.url(val_path), cfg.num_proc)
+        data = describe_parquet(cfg, train_path, val_path)
+    except BaseException:
+        for path in (train_path, val_path):
+            if path is not None:
+                cfg.store.rm(path)
+        raise
+    log.info("wrote %d training and %d validation rows to %s", data.train_rows, data.val_rows, idx)
+    _CACHE[key] = data
+    return data

@@ -1,6 +1,6 @@
 """Per-epoch metrics on the driver's stdout, live while the workers train.
 
-Rank 0 rewrites ``<store>/runs/<run_id>/history.json`` (atomically) after every
+Rank 0 rewrites ``<store>/runs/<run_id>/logs/history.json`` (atomically) after every
 epoch; :class:`HistoryPrinter` polls that file from one daemon thread and prints
 each new epoch once, then prints whatever is left when ``fit`` gets the history
 back. Worker output itself may not reach the driver's stdout (local mode), the
@@ -40,6 +40,7 @@ class HistoryPrinter:
     def __init__(
         self, store: Store, run_id: str, epochs: int, enabled: bool, out: TextIO | None = None
     ):
+        self._store = store
         self._path = store.get_history_path(run_id)
         self._epochs = epochs
         self._enabled = enabled
@@ -51,8 +52,7 @@ class HistoryPrinter:
 
     def _read(self) -> list[dict[str, Any]]:
         try:
-            with open(self._path, "rb") as f:
-                return list(json.loads(f.read()))
+            return list(self._store.read_json(self._path))
         except (FileNotFoundError, json.JSONDecodeError):
             return []
 

@@ -14,9 +14,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import io
 import os
+import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +60,8 @@ class TrainSpec:
     backward_passes_per_step: int
     store: Store
     run_id: str
+    sample_weight_col: str | None = None  # per-row weights of the loss
+    transformation_fn: Any = None  # fn(batch) -> batch, on every batch
 
 
 @dataclass
@@ -139,26 +145,47 @@ def _restore(task: _Task, spec: TrainSpec) -> tuple[int, list[dict[str, Any]]]:
     """Load the run's checkpoint on rank 0 when there is one; every rank gets
     ``(epochs done, history)``. The caller broadcasts the state afterwards."""
     done: tuple[int, list[dict[str, Any]]] = (0, [])
-    path = spec.store.get_checkpoint_path(spec.run_id)
-    if hvd.rank() == 0 and spec.store.exists(path):
-        with spec.store.open_read(path) as f:
-            checkpoint = torch.load(f, weights_only=True)
+    path = spec.store.find_checkpoint(spec.run_id) if hvd.rank() == 0 else None
+    if path is not None:
+        checkpoint = torch.load(io.BytesIO(spec.store.read_bytes(path)), weights_only=True)
         task.model.load_state_dict(checkpoint["model"])
         task.optimizer.load_state_dict(checkpoint["optimizer"])
         done = (int(checkpoint["epoch"]), list(checkpoint["history"]))
     return hvd.broadcast_object(done, root_rank=0, name="ringtrain.resume")
 
 
-def _load_validation(spec: TrainSpec) -> dict[str, np.ndarray] | None:
-    if spec.val_path is None:
+def _columns(spec: TrainSpec) -> list[str]:
+    weight = [spec.sample_weight_col] if spec.sample_weight_col is not None else []
+    return spec.feature_cols + spec.label_cols + weight
+
+
+def _load_validation(spec: TrainSpec, local_path: str | None) -> dict[str, np.ndarray] | None:
+    if local_path is None:
         return None
     return read_shard(
-        spec.val_path,
-        rank=hvd.rank(),
-        size=hvd.size(),
-        columns=spec.feature_cols + spec.label_cols,
-        reader=spec.reader,
+        local_path, rank=hvd.rank(), size=hvd.size(), columns=_columns(spec), reader=spec.reader
     )
+
+
+def _transformed(spec: TrainSpec, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return batch if spec.transformation_fn is None else spec.transformation_fn(batch)
+
+
+@contextlib.contextmanager
+def _local_copies(spec: TrainSpec) -> Iterator[tuple[str, str | None]]:
+    """Local paths of the training and validation data: the store's own when it is
+    local, else copies fetched through fsspec (removed afterwards)."""
+    if spec.store.is_local():
+        yield spec.train_path, spec.val_path
+        return
+    train_path = spec.store.localize(spec.train_path)
+    val_path = spec.store.localize(spec.val_path) if spec.val_path is not None else None
+    try:
+        yield train_path, val_path
+    finally:
+        for path in (train_path, val_path):
+            if path is not None:
+                shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 # --- one epoch ------------------------------------------------------------------------------
@@ -180,12 +207,41 @@ def _batch_totals(
     return np.asarray(values, dtype=np.float64)
 
 
+def _per_row_loss(loss_fn: Any, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The loss of every row: torch losses are called with ``reduction='none'``; other
+    callables must return one value per row themselves."""
+    reduction = getattr(loss_fn, "reduction", None)
+    if reduction is not None:
+        loss_fn.reduction = "none"
+    try:
+        losses = loss_fn(output, target)
+    finally:
+        if reduction is not None:
+            loss_fn.reduction = reduction
+    if losses.dim() == 0:
+        raise ValueError(
+            "sample_weight_col is set but the loss returned one number for the batch; pass a "
+            "torch loss (it is called with reduction='none') or a loss returning one value per row."
+        )
+    return losses.reshape(len(output), -1).mean(dim=1)
+
+
+def _loss(task: _Task, output: torch.Tensor, target: torch.Tensor, weight: Any) -> torch.Tensor:
+    """The batch's loss; with sample weights, ``mean(weight * per-row loss)`` (as Keras)."""
+    if weight is None:
+        return task.loss(output, target)
+    return (_per_row_loss(task.loss, output, target) * weight).mean()
+
+
 def _forward(task: _Task, spec: TrainSpec, batch: dict[str, np.ndarray]):
     outputs = as_outputs(task.model(*to_inputs(batch, spec.feature_cols)), len(spec.label_cols))
     targets = [
         _as_target(o, _tensor(batch[c])) for o, c in zip(outputs, spec.label_cols, strict=True)
     ]
-    loss = sum(task.loss(o, t) for o, t in zip(outputs, targets, strict=True))
+    weight = None
+    if spec.sample_weight_col is not None:
+        weight = _tensor(batch[spec.sample_weight_col]).to(torch.float32).reshape(-1)
+    loss = sum(_loss(task, o, t, weight) for o, t in zip(outputs, targets, strict=True))
     return outputs, targets, loss
 
 
@@ -201,7 +257,7 @@ def _train_epoch(task: _Task, spec: TrainSpec, batches: Any) -> np.ndarray:
                 f"the training reader of {spec.train_path} gave no batch at step {step}; "
                 "this rank's shard is empty"
             )
-        outputs, targets, loss = _forward(task, spec, batch)
+        outputs, targets, loss = _forward(task, spec, _transformed(spec, batch))
         loss.backward()
         if (step + 1) % every == 0 or step + 1 == spec.steps_per_epoch:
             task.optimizer.step()
@@ -221,7 +277,7 @@ def _evaluate(task: _Task, spec: TrainSpec, data: dict[str, np.ndarray] | None) 
     with torch.no_grad():
         for start in range(0, rows, spec.val_batch_size):
             batch = {k: v[start : min(rows, start + spec.val_batch_size)] for k, v in data.items()}
-            outputs, targets, loss = _forward(task, spec, batch)
+            outputs, targets, loss = _forward(task, spec, _transformed(spec, batch))
             totals += _batch_totals(task, spec, outputs, targets, loss)
     return totals
 
@@ -281,25 +337,36 @@ def train(spec: TrainSpec) -> list[dict[str, Any]] | None:
     start_epoch, history = _restore(task, spec)
     hvd.broadcast_parameters(task.model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(task.optimizer, root_rank=0)
-    val_data = _load_validation(spec)
-    with make_reader(
-        spec.train_path,
-        rank=hvd.rank(),
-        size=hvd.size(),
-        batch_size=spec.batch_size,
-        columns=spec.feature_cols + spec.label_cols,
-        reader=spec.reader,
-        shuffle=spec.shuffle,
-        seed=spec.seed,
-        workers_count=spec.reader_workers,
-    ) as reader:
-        batches = iter(reader)
-        for epoch in range(start_epoch, spec.epochs):
-            started = time.monotonic()
-            train_totals = _train_epoch(task, spec, batches)
-            entry = _epoch_entry(task, spec, epoch, train_totals, _evaluate(task, spec, val_data))
-            entry["seconds"] = round(time.monotonic() - started, 3)
-            history.append(entry)
-            if hvd.rank() == 0:
-                _save_checkpoint(task, spec, epoch, history)
+    with _local_copies(spec) as (train_path, val_path):
+        val_data = _load_validation(spec, val_path)
+        with make_reader(
+            train_path,
+            rank=hvd.rank(),
+            size=hvd.size(),
+            batch_size=spec.batch_size,
+            columns=_columns(spec),
+            reader=spec.reader,
+            shuffle=spec.shuffle,
+            seed=spec.seed,
+            workers_count=spec.reader_workers,
+        ) as reader:
+            _run_epochs(task, spec, iter(reader), val_data, start_epoch, history)
     return history if hvd.rank() == 0 else None
+
+
+def _run_epochs(
+    task: _Task,
+    spec: TrainSpec,
+    batches: Iterator[dict[str, np.ndarray]],
+    val_data: dict[str, np.ndarray] | None,
+    start_epoch: int,
+    history: list[dict[str, Any]],
+) -> None:
+    for epoch in range(start_epoch, spec.epochs):
+        started = time.monotonic()
+        train_totals = _train_epoch(task, spec, batches)
+        entry = _epoch_entry(task, spec, epoch, train_totals, _evaluate(task, spec, val_data))
+        entry["seconds"] = round(time.monotonic() - started, 3)
+        history.append(entry)
+        if hvd.rank() == 0:
+            _save_checkpoint(task, spec, epoch, history)

@@ -227,18 +227,15 @@ def test_store_layout_follows_horovod(tmp_path):
     store = Store.create("file://" + str(tmp_path))
     assert store.get_train_data_path(2) == str(tmp_path / "intermediate_train_data.2")
     assert store.get_val_data_path(0) == str(tmp_path / "intermediate_val_data.0")
-    assert store.get_checkpoint_path("r") == str(tmp_path / "runs" / "r" / "checkpoint.pt")
+    assert store.get_checkpoint_path("r") == str(
+        tmp_path / "runs" / "r" / "checkpoint" / "checkpoint.pt"
+    )
     assert store.next_data_index() == 0
     os.makedirs(store.get_train_data_path(0))
     assert store.next_data_index() == 1
     store.write_json(store.get_history_path("r"), [{"epoch": 1}])
     assert store.read_json(store.get_history_path("r")) == [{"epoch": 1}]
-    assert os.listdir(store.get_run_path("r")) == ["history.json"]  # no temporary file left
-
-
-def test_store_refuses_schemes_it_cannot_write_yet():
-    with pytest.raises(ValueError, match="s3:// scheme is not supported yet"):
-        Store.create("s3://bucket/prefix")
+    assert os.listdir(store.get_logs_path("r")) == ["history.json"]  # no temporary file left
 
 
 # --- the worker loop without Spark ------------------------------------------------------------

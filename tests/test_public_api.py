@@ -182,6 +182,8 @@ PUBLIC = {
         "report",
     },
     "estimators": {
+        "DBFSLocalStore",
+        "FsspecStore",
         "LocalStore",
         "RingEstimator",
         "RingModel",

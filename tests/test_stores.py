@@ -1,0 +1,163 @@
+"""estimators.Store: local, fsspec (memory://, file://, by scheme) and DBFS stores."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from estimators import DBFSLocalStore, FsspecStore, LocalStore, Store
+
+
+@pytest.fixture
+def memory_store():
+    store = Store.create(f"memory://ringtrain-test-{uuid.uuid4().hex[:8]}")
+    yield store
+    store.rm(store.prefix_path)
+
+
+def _checkpoint_round_trip(store: Store) -> None:
+    path = store.get_checkpoint_path("r1")
+    state = {"model": {"w": torch.arange(3.0)}, "epoch": 2}
+    store.write_atomic(path, lambda f: torch.save(state, f))
+    loaded = torch.load(io.BytesIO(store.read_bytes(path)), weights_only=True)
+    assert torch.equal(loaded["model"]["w"], state["model"]["w"]) and loaded["epoch"] == 2
+    assert store.find_checkpoint("r1") == path
+
+
+@pytest.mark.parametrize("kind", ["memory", "local", "fsspec-file"])
+def test_the_store_api_writes_reads_checks_and_removes(kind, memory_store, tmp_path):
+    store = {
+        "memory": memory_store,
+        "local": Store.create(str(tmp_path)),
+        "fsspec-file": FsspecStore("file://" + str(tmp_path)),
+    }[kind]
+    history = store.get_history_path("r1")
+    assert history == f"{store.prefix_path}/runs/r1/logs/history.json"
+    assert not store.exists(history) and store.find_checkpoint("r1") is None
+    store.write_json(history, [{"epoch": 1}])
+    assert store.exists(history) and store.read_json(history) == [{"epoch": 1}]
+    _checkpoint_round_trip(store)
+    store.rm(store.get_run_path("r1"))
+    assert not store.exists(store.get_run_path("r1"))
+    store.rm(store.get_run_path("never-there"))  # nothing to remove is fine
+
+
+def test_memory_store_serves_parquet_to_pyarrow_and_copies_it_to_local_disk(memory_store):
+    path = memory_store.get_train_data_path(memory_store.next_data_index())
+    table = pa.table({"x": pa.array([[1.0, 2.0]] * 5, type=pa.list_(pa.float32()))})
+    for i in range(2):
+        memory_store.write_atomic(f"{path}/part-{i}.parquet", lambda f: pq.write_table(table, f))
+    assert memory_store.next_data_index() == 1
+    assert memory_store.parquet_dataset(path).count_rows() == 10
+    local = memory_store.localize(path)
+    assert sorted(os.listdir(local)) == ["part-0.parquet", "part-1.parquet"]
+    np.testing.assert_array_equal(pq.read_table(local).column("x").to_pylist()[0], [1.0, 2.0])
+    assert not memory_store.spark_can_write and not memory_store.is_local()
+
+
+@pytest.mark.parametrize(
+    ("url", "spark_url"),
+    [
+        ("s3://bucket/prefix", "s3a://bucket/prefix/intermediate_train_data.0"),
+        ("gs://bucket/prefix", "gs://bucket/prefix/intermediate_train_data.0"),
+        ("hdfs://namenode:8020/prefix", "hdfs://namenode:8020/prefix/intermediate_train_data.0"),
+        (
+            "abfs://c@acct.dfs.core.windows.net/p",
+            "abfs://c@acct.dfs.core.windows.net/p/intermediate_train_data.0",
+        ),
+    ],
+)
+def test_fsspec_urls_make_fsspec_stores_with_their_options_and_spark_urls(url, spark_url):
+    store = Store.create(url + "/", storage_options={"anon": True})
+    assert isinstance(store, FsspecStore) and store.prefix_path == url
+    assert store.storage_options == {"anon": True} and store.spark_can_write
+    assert store.url(store.get_train_data_path(0)) == spark_url
+    assert pickle.loads(pickle.dumps(store)) == store
+
+
+def test_local_paths_and_file_urls_make_local_stores(tmp_path):
+    assert Store.create("file://" + str(tmp_path)) == LocalStore(str(tmp_path))
+    assert Store.create(str(tmp_path)).url(str(tmp_path / "a")) == "file://" + str(tmp_path / "a")
+
+
+def test_dbfs_paths_map_to_the_fuse_root_on_databricks(monkeypatch, tmp_path):
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
+    with pytest.raises(ValueError, match="dbfs: paths need Databricks"):
+        Store.create("dbfs:/ml/run")
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")
+    monkeypatch.delenv("RING_DBFS_ROOT", raising=False)
+    real = Store.create("dbfs:/ml/run")
+    assert isinstance(real, DBFSLocalStore) and real.prefix_path == "/dbfs/ml/run"
+    assert real.url(real.get_train_data_path(0)) == "dbfs:/ml/run/intermediate_train_data.0"
+    assert Store.create("/dbfs/ml/run") == real
+    monkeypatch.setenv("RING_DBFS_ROOT", str(tmp_path))
+    store = Store.create("dbfs:/ml/run")
+    assert store.prefix_path == str(tmp_path / "ml" / "run")
+    assert store.url(store.prefix_path) == "file://" + str(tmp_path / "ml" / "run")
+    _checkpoint_round_trip(store)
+    assert os.path.isfile(tmp_path / "ml" / "run" / "runs" / "r1" / "checkpoint" / "checkpoint.pt")
+
+
+def test_a_run_of_the_old_layout_still_finds_its_checkpoint(tmp_path):
+    store = Store.create(str(tmp_path))
+    store.write_bytes(store.get_legacy_checkpoint_path("old"), b"x")
+    assert store.find_checkpoint("old") == str(tmp_path / "runs" / "old" / "checkpoint.pt")
+
+
+def test_store_create_refuses_an_empty_prefix():
+    with pytest.raises(ValueError, match="non-empty path or URL"):
+        Store.create("")
+
+
+# --- a whole fit through an fsspec store -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def spark(request):
+    import spark_runner
+
+    session = spark_runner.local_session(
+        "local[2]", app_name="test-stores", conf={"spark.sql.shuffle.partitions": "2"}
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    request.addfinalizer(session.stop)
+    return session
+
+
+@pytest.mark.spark
+def test_a_fit_through_an_fsspec_file_url_store_trains_and_checkpoints(spark, tmp_path):
+    from estimators import RingEstimator
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 3))
+    rows = [([float(v) for v in r], float(r.sum() > 0)) for r in x]
+    df = spark.createDataFrame(rows, ["x", "y"])
+    store = FsspecStore("file://" + str(tmp_path))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 1), torch.nn.Sigmoid())
+    fitted = RingEstimator(
+        model=model,
+        optimizer=torch.optim.Adam(model.parameters(), lr=0.05),
+        loss=torch.nn.BCELoss(),
+        feature_cols=["x"],
+        label_cols=["y"],
+        validation=0.2,
+        epochs=2,
+        batch_size=16,
+        num_proc=2,
+        verbose=0,
+        store=store,
+        run_id="fsspec",
+        random_seed=3,
+    ).fit(df)
+    assert [e["epoch"] for e in fitted.getHistory()] == [1, 2]
+    assert os.path.isfile(tmp_path / "runs" / "fsspec" / "checkpoint" / "checkpoint.pt")
+    assert store.read_json(store.get_history_path("fsspec")) == fitted.getHistory()
