@@ -1,19 +1,24 @@
 """spark_runner: launch ringtrain workers as one Spark barrier stage.
 
 ``run(fn, num_proc=N)`` runs ``fn`` on N Spark tasks that form one ring; inside,
-``ringcore.init()`` needs no settings. ``local_session()`` builds a SparkSession set
-up for this machine (tests, scripts, the demo).
+``ringcore.init()`` needs no settings. Worker output reaches the driver live, each
+line prefixed ``[rank]<stdout>:``; when Spark may retry, a failed stage reruns as a
+whole and ``RING_SPARK_ATTEMPT`` tells ``fn`` which attempt it is (to resume from a
+checkpoint). ``local_session()`` builds a SparkSession set up for this machine (tests,
+scripts, the demo).
 """
 
-from ._run import DEFAULT_START_TIMEOUT_S, START_TIMEOUT_ENV_VAR, run
+from ._run import DEFAULT_START_TIMEOUT_S, START_TIMEOUT_ENV_VAR, TOPOLOGY_HOSTS_ENV_VAR, run
 from ._session import local_session
 from ._slots import NotEnoughSlotsError
-from ._task import ATTEMPT_ENV_VAR
+from ._task import ATTEMPT_ENV_VAR, GPU_ADDRESSES_ENV_VAR
 
 __all__ = [
     "ATTEMPT_ENV_VAR",
     "DEFAULT_START_TIMEOUT_S",
+    "GPU_ADDRESSES_ENV_VAR",
     "START_TIMEOUT_ENV_VAR",
+    "TOPOLOGY_HOSTS_ENV_VAR",
     "NotEnoughSlotsError",
     "local_session",
     "run",

@@ -2,30 +2,43 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import re
+import signal
+import sys
+import threading
+import time
 import uuid
 from typing import Any
 
 import cloudpickle
 
-from ringcore import RingError
+from ringcore import RingError, cuda_built
 from ringcore._config import get_float
 from ringcore._pickling import dumps_with_user_code
 
 from ._errors import decode_worker_error
+from ._logserver import LogServer
 from ._slots import wait_for_slots
-from ._task import make_barrier_task
+from ._task import TaskSpec, make_barrier_task
 
 log = logging.getLogger("ringtrain.spark_runner")
 
 START_TIMEOUT_ENV_VAR = "RING_SPARK_START_TIMEOUT"
 DEFAULT_START_TIMEOUT_S = 600.0
+#: Comma-separated host names, one per rank: the hosts local/cross ranks are derived
+#: from, instead of the tasks' real addresses (to test topology-aware code on one machine).
+TOPOLOGY_HOSTS_ENV_VAR = "RING_SPARK_TOPOLOGY_HOSTS"
+_LOCAL_WITH_RETRIES = re.compile(r"^local\[[^,\]]+,\s*(\d+)\]$")
 
 
 def _active_session():
     from pyspark.sql import SparkSession
 
-    spark = SparkSession.getActiveSession()
+    # The active session is per thread; a session made on another thread serves too.
+    spark = SparkSession.getActiveSession() or SparkSession._instantiatedSession
     if spark is None:
         raise RingError(
             "spark_runner.run needs an active SparkSession; create one first, e.g. "
@@ -34,29 +47,31 @@ def _active_session():
     return spark
 
 
-def run(
-    fn,
-    args: tuple = (),
-    kwargs: dict | None = None,
-    num_proc: int | None = None,
-    start_timeout: float | None = None,
-    env: dict[str, str] | None = None,
-) -> list[Any]:
-    """Run ``fn(*args, **kwargs)`` on ``num_proc`` ranks, one Spark task each, and
-    return every rank's return value ordered by rank.
+def _say(verbose: int, needed: int, msg: str, *args: Any) -> None:
+    """Log at INFO when ``verbose >= needed``, else at DEBUG."""
+    log.log(logging.INFO if verbose >= needed else logging.DEBUG, msg, *args)
 
-    Inside ``fn``, ``ringcore.init()`` (or ``hvd.init()``) joins the ring with no other
-    setting. A worker's exception is raised here as :class:`ringcore.WorkerError`
-    carrying its rank, host and traceback.
-    """
+
+def _check_options(fn, env, verbose, use_gpu) -> None:
     if not callable(fn):
         raise TypeError(f"run takes a callable as fn, got {type(fn).__name__}")
     if env is not None and not all(
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()
     ):
         raise TypeError("env must map str to str, e.g. {'OMP_NUM_THREADS': '1'}")
-    spark = _active_session()
-    sc = spark.sparkContext
+    if isinstance(verbose, bool) or not isinstance(verbose, int) or verbose < 0:
+        raise ValueError(f"verbose must be 0 (quiet), 1 (default) or 2 (more), got {verbose!r}")
+    if use_gpu not in (None, True, False):
+        raise TypeError(f"use_gpu must be None, True or False, got {use_gpu!r}")
+    if use_gpu and not cuda_built():
+        raise RingError(
+            "use_gpu=True but this installation's torch has no CUDA (torch.version.cuda is "
+            "None), and the NCCL backend is not built yet. Install a CUDA build of torch, "
+            "or pass use_gpu=False to train on CPU."
+        )
+
+
+def _resolve_counts(sc: Any, num_proc: int | None, start_timeout: float | None):
     if num_proc is None:
         num_proc = sc.defaultParallelism
     if not isinstance(num_proc, int) or num_proc < 1:
@@ -68,21 +83,159 @@ def run(
     )
     if timeout <= 0:
         raise ValueError(f"start_timeout must be > 0 seconds, got {timeout}")
-    wait_for_slots(sc, num_proc, timeout)
+    return num_proc, timeout
+
+
+def _topology_hosts(num_proc: int) -> tuple[str, ...]:
+    raw = os.environ.get(TOPOLOGY_HOSTS_ENV_VAR, "").strip()
+    if not raw:
+        return ()
+    hosts = tuple(h.strip() for h in raw.split(","))
+    if len(hosts) != num_proc or not all(hosts):
+        raise ValueError(
+            f"{TOPOLOGY_HOSTS_ENV_VAR} names {len(hosts)} hosts ({raw!r}) but num_proc is "
+            f"{num_proc}; give one host per rank or unset it."
+        )
+    return hosts
+
+
+def retries_allowed(sc: Any) -> bool:
+    """Whether the user asked Spark to retry failed tasks (``local[N,F]`` with F > 1, or
+    ``spark.task.maxFailures`` > 1 set explicitly). Spark retries a barrier stage only
+    when it is not the job's final stage, so then the results go through a shuffle."""
+    match = _LOCAL_WITH_RETRIES.match(sc.master)
+    if match:
+        return int(match.group(1)) > 1
+    return int(sc.getConf().get("spark.task.maxFailures", "1")) > 1
+
+
+def _stage_attempt(sc: Any, stage_id: int) -> int:
+    info = sc.statusTracker().getStageInfo(stage_id)
+    return int(info.currentAttemptId) if info is not None else 0
+
+
+def _log_server(sc: Any, stdout: Any, stderr: Any) -> LogServer:
+    conf = sc.getConf()
+    host = conf.get("spark.driver.host", "127.0.0.1")
+    bind = conf.get("spark.driver.bindAddress", host)
+    server = LogServer(
+        stdout if stdout is not None else sys.stdout,
+        stderr if stderr is not None else sys.stderr,
+        bind_host=bind,
+        attempt_of=lambda stage_id: _stage_attempt(sc, stage_id),
+        advertised_host=host,
+    )
+    return server
+
+
+def run(
+    fn,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    num_proc: int | None = None,
+    start_timeout: float | None = None,
+    env: dict[str, str] | None = None,
+    stdout: Any = None,
+    stderr: Any = None,
+    verbose: int = 1,
+    prefix_output_with_timestamp: bool = False,
+    use_gpu: bool | None = None,
+) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` on ``num_proc`` ranks, one Spark task each, and
+    return every rank's return value ordered by rank.
+
+    Inside ``fn``, ``ringcore.init()`` (or ``hvd.init()``) joins the ring with no other
+    setting. A worker's exception is raised here as :class:`ringcore.WorkerError`
+    carrying its rank, host and traceback. What the workers print reaches ``stdout`` /
+    ``stderr`` (default: this process's) live, each line prefixed ``[rank]<stdout>:``
+    (after a timestamp with ``prefix_output_with_timestamp``). ``verbose``: 0 quiet,
+    1 a line at launch and end, 2 more (logger ``ringtrain.spark_runner``).
+
+    ``use_gpu``: None pins the GPUs Spark assigns to each task
+    (``spark.task.resource.gpu.amount``) when there are any; True also pins by local
+    rank without such resources, and needs a CUDA build; False never pins. Pinning sets
+    ``CUDA_VISIBLE_DEVICES`` and ``RING_GPU_ADDRESSES`` (use
+    ``spark.python.worker.reuse=false`` so a reused worker has not initialized CUDA).
+
+    When Spark may retry (``local[N,F]`` with F > 1, or ``spark.task.maxFailures`` > 1),
+    a failed stage is rerun as a whole (up to ``spark.stage.maxConsecutiveAttempts``);
+    ``os.environ["RING_SPARK_ATTEMPT"]`` is then 1, 2, ... so ``fn`` can resume, e.g.
+    from its last checkpoint.
+    """
+    _check_options(fn, env, verbose, use_gpu)
+    sc = _active_session().sparkContext
+    num_proc, timeout = _resolve_counts(sc, num_proc, start_timeout)
+    topology_hosts = _topology_hosts(num_proc)
+    slots = wait_for_slots(sc, num_proc, timeout)
+    _say(verbose, 2, "the cluster offers %d task slots for %d ranks", slots, num_proc)
     payload = dumps_with_user_code((fn, tuple(args), dict(kwargs or {})), fn)
-    group = f"ringtrain-{uuid.uuid4().hex[:12]}"
-    sc.setJobGroup(
-        group,
-        f"ringtrain spark_runner.run of {getattr(fn, '__name__', 'fn')} on {num_proc} tasks",
-        interruptOnCancel=True,
+    server = _log_server(sc, stdout, stderr)
+    spec = TaskSpec(
+        num_proc=num_proc,
+        env=dict(env or {}),
+        log_host=server.advertised_host,
+        log_port=server.port,
+        secret=server.secret,
+        timestamps=bool(prefix_output_with_timestamp),
+        use_gpu=use_gpu,
+        topology_hosts=topology_hosts,
     )
     try:
-        rdd = sc.parallelize(range(num_proc), num_proc).barrier()
-        blobs = rdd.mapPartitions(make_barrier_task(payload, dict(env or {}), num_proc)).collect()
-    except KeyboardInterrupt:
-        sc.cancelJobGroup(group)
-        raise
-    except Exception as exc:
+        blobs = _run_stage(sc, fn, payload, spec, verbose)
+    finally:
+        server.close()
+    results = dict(cloudpickle.loads(b) for b in blobs)
+    return [results[r] for r in range(num_proc)]
+
+
+@contextlib.contextmanager
+def _plain_keyboard_interrupt():
+    """Ctrl-C raises KeyboardInterrupt here (so ``_run_stage`` cancels its job group)
+    instead of PySpark's handler, which calls into Py4J from inside a Py4J read. Yields
+    a list that holds True once Ctrl-C came (Py4J may turn the interrupt into its own
+    network error)."""
+    interrupted: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupted
+        return
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        interrupted.append(True)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield interrupted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _collect(sc: Any, payload: bytes, spec: TaskSpec) -> list[bytes]:
+    rdd = sc.parallelize(range(spec.num_proc), spec.num_proc).barrier()
+    stage = rdd.mapPartitions(make_barrier_task(payload, spec))
+    if retries_allowed(sc):
+        stage = stage.map(lambda blob: (0, blob)).partitionBy(1).values()
+    return stage.collect()
+
+
+def _run_stage(sc: Any, fn, payload: bytes, spec: TaskSpec, verbose: int) -> list[bytes]:
+    """One barrier stage under its own job group; cancelled if anything interrupts it."""
+    name, num_proc = getattr(fn, "__name__", "fn"), spec.num_proc
+    group = f"ringtrain-{uuid.uuid4().hex[:12]}"
+    sc.setJobGroup(
+        group, f"ringtrain spark_runner.run of {name} on {num_proc} tasks", interruptOnCancel=True
+    )
+    _say(verbose, 1, "launching %s on %d Spark barrier tasks (job group %s)", name, num_proc, group)
+    started = time.monotonic()
+    try:
+        with _plain_keyboard_interrupt() as interrupted:
+            blobs = _collect(sc, payload, spec)
+    except BaseException as exc:
+        sc.cancelJobGroup(group)  # no task, and no Python worker, outlives the call
+        if not isinstance(exc, Exception):
+            raise
+        if interrupted:
+            raise KeyboardInterrupt from exc
         worker_error = decode_worker_error(str(exc))
         if worker_error is not None:
             raise worker_error from None
@@ -90,5 +243,7 @@ def run(
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
         sc.setLocalProperty("spark.job.description", None)
-    results = dict(cloudpickle.loads(b) for b in blobs)
-    return [results[r] for r in range(num_proc)]
+    _say(
+        verbose, 1, "%s finished on %d ranks in %.1f s", name, num_proc, time.monotonic() - started
+    )
+    return blobs

@@ -8,6 +8,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
@@ -20,57 +21,82 @@ from ringcore import (
     topology_from_hosts,
     worker_env,
 )
+from ringcore._config import HOSTNAME_ENV_VAR
 from ringcore._rendezvous import stop_store_server
 
 from ._errors import encode_worker_error
+from ._output import connect, stream_pair
 
 ATTEMPT_ENV_VAR = "RING_SPARK_ATTEMPT"
+GPU_ADDRESSES_ENV_VAR = "RING_GPU_ADDRESSES"
 SECONDARY_FAILURE_DELAY_S = 2.0
 
 
-class _Prefixed:
-    """A text stream that prefixes every line with ``[rank]<name>:`` (Horovod's style)."""
+@dataclass(frozen=True)
+class TaskSpec:
+    """Plain data every task gets (pickled with the task, never logged)."""
 
-    def __init__(self, stream: Any, prefix: str):
-        self._stream, self._prefix, self._at_line_start = stream, prefix, True
+    num_proc: int
+    env: dict[str, str]
+    log_host: str
+    log_port: int
+    secret: str = field(repr=False)
+    timestamps: bool = False
+    use_gpu: bool | None = None
+    topology_hosts: tuple[str, ...] = ()  # seam: fake hosts per rank, for local/cross ranks
 
-    def write(self, text: str) -> int:
-        out = []
-        for piece in text.splitlines(keepends=True):
-            if self._at_line_start:
-                out.append(self._prefix)
-            out.append(piece)
-            self._at_line_start = piece.endswith("\n")
-        self._stream.write("".join(out))
-        return len(text)
 
-    def flush(self) -> None:
-        self._stream.flush()
+def gpu_env(ctx: Any, use_gpu: bool | None, local_rank: int) -> dict[str, str]:
+    """``CUDA_VISIBLE_DEVICES``: the GPUs Spark gave this task, else the local rank."""
+    if use_gpu is False:
+        return {}
+    gpus = ctx.resources().get("gpu")
+    if gpus is not None and gpus.addresses:
+        addresses = ",".join(gpus.addresses)
+    elif use_gpu:
+        addresses = str(local_rank)
+    else:
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": addresses, GPU_ADDRESSES_ENV_VAR: addresses}
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
+
+def _ring_env(ctx: Any, spec: TaskSpec, rank: int, host: str, attempt: int) -> dict[str, str]:
+    port = start_store_server(world_size=spec.num_proc) if rank == 0 else 0
+    peers = [json.loads(m) for m in ctx.allGather(json.dumps({"host": host, "port": port}))]
+    hosts = [p["host"] for p in peers]
+    topology = topology_from_hosts(list(spec.topology_hosts or hosts), rank)
+    env = worker_env(topology, hosts[0], int(peers[0]["port"]))
+    env[HOSTNAME_ENV_VAR] = host  # the address peers reach, whatever the topology says
+    env[ATTEMPT_ENV_VAR] = str(attempt)
+    env.update(gpu_env(ctx, spec.use_gpu, topology.local_rank))
+    env.update(spec.env)
+    return env
 
 
 @contextlib.contextmanager
-def _task_environment(env: dict[str, str], rank: int):
+def _task_environment(ctx: Any, spec: TaskSpec, rank: int, host: str):
     saved_env = dict(os.environ)
     saved_out, saved_err = sys.stdout, sys.stderr
-    os.environ.update(env)
-    sys.stdout = _Prefixed(saved_out, f"[{rank}]<stdout>:")
-    sys.stderr = _Prefixed(saved_err, f"[{rank}]<stderr>:")
+    conn = connect(spec.log_host, spec.log_port, spec.secret, ctx.stageId())
+    attempt = conn.stage_attempt if conn is not None else ctx.attemptNumber()
+    out, err = stream_pair(conn, rank, spec.timestamps)
     try:
+        os.environ.update(_ring_env(ctx, spec, rank, host, attempt))
+        sys.stdout, sys.stderr = out, err
         yield
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        out.close()
+        err.close()
         sys.stdout, sys.stderr = saved_out, saved_err
+        if conn is not None:
+            conn.close()
         ringcore.shutdown()
         stop_store_server()  # Spark reuses Python workers: leave nothing behind
         os.environ.clear()
         os.environ.update(saved_env)
 
 
-def make_barrier_task(payload: bytes, user_env: dict[str, str], num_proc: int):
+def make_barrier_task(payload: bytes, spec: TaskSpec):
     """The function given to ``RDD.barrier().mapPartitions``."""
 
     def task(_: Iterator[Any]) -> Iterator[bytes]:
@@ -79,13 +105,7 @@ def make_barrier_task(payload: bytes, user_env: dict[str, str], num_proc: int):
         ctx = BarrierTaskContext.get()
         rank = ctx.partitionId()
         host = ctx.getTaskInfos()[rank].address.rsplit(":", 1)[0]
-        port = start_store_server(world_size=num_proc) if rank == 0 else 0
-        peers = [json.loads(m) for m in ctx.allGather(json.dumps({"host": host, "port": port}))]
-        hosts = [p["host"] for p in peers]
-        env = worker_env(topology_from_hosts(hosts, rank), hosts[0], int(peers[0]["port"]))
-        env[ATTEMPT_ENV_VAR] = str(ctx.attemptNumber())
-        env.update(user_env)
-        with _task_environment(env, rank):
+        with _task_environment(ctx, spec, rank, host):
             try:
                 fn, args, kwargs = cloudpickle.loads(payload)
                 result = fn(*args, **kwargs)

@@ -83,7 +83,9 @@ def test_a_killed_rank_is_dropped_and_training_finishes_from_the_last_commit():
 
 
 def test_an_added_worker_gets_the_state_from_rank_0_and_training_goes_on_on_3_ranks():
-    res = run_workers(_elastic_worker, np=2, args=(-1, -1, 0.25), timeout=180, elastic=True, grow=[(4.0, 1)])
+    res = run_workers(
+        _elastic_worker, np=2, args=(-1, -1, 0.25), timeout=180, elastic=True, grow=[(4.0, 1)]
+    )
     assert len(res) == 3
     for trained, ranks_seen, final_size in res:
         assert final_size == 3

@@ -160,8 +160,10 @@ PUBLIC = {
     "spark_runner": {
         "ATTEMPT_ENV_VAR",
         "DEFAULT_START_TIMEOUT_S",
+        "GPU_ADDRESSES_ENV_VAR",
         "NotEnoughSlotsError",
         "START_TIMEOUT_ENV_VAR",
+        "TOPOLOGY_HOSTS_ENV_VAR",
         "local_session",
         "run",
     },

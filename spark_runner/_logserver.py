@@ -1,0 +1,140 @@
+"""Worker output to the driver, live: a small authenticated TCP line server.
+
+The driver listens on its own host; each task connects, proves it knows the job's
+secret by answering a random challenge with an HMAC (the secret never travels on the
+socket), then streams text lines, each starting with ``O`` (stdout) or ``E`` (stderr).
+The driver writes them to the ``stdout`` / ``stderr`` objects given to ``run``. Only
+text is read from the socket, never a pickle; a peer that fails the check is dropped
+before anything else is read from it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("ringtrain.spark_runner")
+
+HANDSHAKE_TIMEOUT_S = 10.0
+MAX_LINE_BYTES = 1 << 20
+STDOUT_TAG, STDERR_TAG = "O", "E"
+
+
+def answer(secret: str, challenge: str) -> str:
+    """The HMAC a task sends back for ``challenge``."""
+    return hmac.new(secret.encode(), challenge.encode(), hashlib.sha256).hexdigest()
+
+
+def _read_line(sock: socket.socket, limit: int) -> str:
+    data = b""
+    while not data.endswith(b"\n") and len(data) <= limit:
+        chunk = sock.recv(1)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode("ascii", errors="replace").strip()
+
+
+class LogServer:
+    """Receives the tasks' output lines and writes them to ``stdout`` / ``stderr``."""
+
+    def __init__(
+        self,
+        stdout: Any,
+        stderr: Any,
+        bind_host: str = "127.0.0.1",
+        attempt_of: Callable[[int], int] | None = None,
+        advertised_host: str | None = None,
+    ):
+        self.advertised_host = advertised_host or bind_host
+        self._attempt_of = attempt_of or (lambda stage_id: 0)
+        self.secret = secrets.token_hex(32)
+        self._targets = {STDOUT_TAG: stdout, STDERR_TAG: stderr}
+        self._write_lock = threading.Lock()
+        self._listener = socket.create_server((bind_host, 0))
+        self._listener.settimeout(0.5)
+        self.port = int(self._listener.getsockname()[1])
+        self._closing = threading.Event()
+        self._readers: list[threading.Thread] = []
+        self._conns: list[socket.socket] = []
+        self._acceptor = threading.Thread(
+            target=self._accept_loop, name="ringtrain-log-accept", daemon=True
+        )
+        self._acceptor.start()
+
+    def __repr__(self) -> str:  # never show the secret
+        return f"LogServer(port={self.port})"
+
+    def _accept_loop(self) -> None:
+        while not self._closing.is_set():
+            try:
+                conn, peer = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self._conns.append(conn)
+            reader = threading.Thread(
+                target=self._serve, args=(conn, peer), name="ringtrain-log-reader", daemon=True
+            )
+            self._readers.append(reader)
+            reader.start()
+
+    def _authenticate(self, conn: socket.socket) -> bool:
+        """Challenge, check the HMAC, then tell the task its stage's attempt number."""
+        challenge = secrets.token_hex(16)
+        conn.settimeout(HANDSHAKE_TIMEOUT_S)
+        conn.sendall(challenge.encode() + b"\n")
+        reply, _, stage = _read_line(conn, 160).partition(" ")
+        if not hmac.compare_digest(reply, answer(self.secret, challenge)):
+            return False
+        try:
+            attempt = self._attempt_of(int(stage))
+        except Exception:
+            attempt = 0
+        conn.sendall(f"{attempt}\n".encode())
+        conn.settimeout(None)
+        return True
+
+    def _serve(self, conn: socket.socket, peer: Any) -> None:
+        try:
+            if not self._authenticate(conn):
+                log.warning("rejected a log connection from %s: bad authentication", peer)
+                return
+            with conn.makefile("r", encoding="utf-8", errors="replace", newline="\n") as lines:
+                while True:
+                    line = lines.readline(MAX_LINE_BYTES)
+                    if not line:
+                        return
+                    self._write(line)
+        except OSError as exc:
+            log.debug("log connection from %s ended: %s", peer, exc)
+        finally:
+            conn.close()
+
+    def _write(self, line: str) -> None:
+        target = self._targets.get(line[:1])
+        if target is None:
+            return
+        text = line[1:] if line.endswith("\n") else line[1:] + "\n"
+        with self._write_lock:
+            target.write(text)
+            flush = getattr(target, "flush", None)
+            if flush is not None:
+                flush()
+
+    def close(self, drain_s: float = 5.0) -> None:
+        """Stop accepting; give connected tasks ``drain_s`` to finish their output."""
+        self._closing.set()
+        self._listener.close()
+        self._acceptor.join(timeout=2.0)
+        for reader in self._readers:
+            reader.join(timeout=drain_s)
+        for conn in self._conns:
+            conn.close()

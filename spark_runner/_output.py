@@ -1,0 +1,108 @@
+"""The task's side of output forwarding: prefixed lines to the driver's log server."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from ._logserver import HANDSHAKE_TIMEOUT_S, STDERR_TAG, STDOUT_TAG, _read_line, answer
+
+TIMESTAMP_FORMAT = "%a %b %d %H:%M:%S %Y"  # Horovod's
+
+
+class LogConnection:
+    """One authenticated connection to the driver; ``send`` is thread-safe."""
+
+    def __init__(self, host: str, port: int, secret: str, stage_id: int):
+        self._sock = socket.create_connection((host, port), timeout=HANDSHAKE_TIMEOUT_S)
+        challenge = _read_line(self._sock, 128)
+        self._sock.sendall(f"{answer(secret, challenge)} {stage_id}\n".encode())
+        #: the Spark stage attempt this task belongs to (0 first, then 1, ...)
+        self.stage_attempt = int(_read_line(self._sock, 32) or 0)
+        self._sock.settimeout(None)
+        self._lock = threading.Lock()
+
+    def send(self, tag: str, line: str) -> None:
+        data = (tag + line + "\n").encode("utf-8", errors="replace")
+        with self._lock:
+            self._sock.sendall(data)
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class PrefixedLines:
+    """A text stream that prefixes every line with ``[rank]<name>:`` (Horovod's style),
+    optionally after a timestamp, and hands complete lines to ``sink(tag, line)``.
+    With no sink the lines go to ``fallback``."""
+
+    def __init__(
+        self,
+        tag: str,
+        rank: int,
+        sink: LogConnection | None,
+        fallback: Any,
+        timestamps: bool = False,
+    ):
+        name = "stdout" if tag == STDOUT_TAG else "stderr"
+        self._tag, self._prefix = tag, f"[{rank}]<{name}>:"
+        self._sink, self._fallback, self._timestamps = sink, fallback, timestamps
+        self._partial = ""
+        self._lock = threading.Lock()
+
+    def _emit(self, line: str) -> None:
+        stamp = time.strftime(TIMESTAMP_FORMAT) if self._timestamps else ""
+        text = f"{stamp}{self._prefix}{line}"
+        if self._sink is not None:
+            try:
+                self._sink.send(self._tag, text)
+                return
+            except OSError:
+                self._sink = None  # the driver went away: keep the output locally
+        self._fallback.write(text + "\n")
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            pieces = (self._partial + text).split("\n")
+            self._partial = pieces.pop()
+            for line in pieces:
+                self._emit(line)
+        return len(text)
+
+    def flush(self) -> None:
+        if self._sink is None:
+            self._fallback.flush()
+
+    def close(self) -> None:
+        """Send a last unterminated line, if any."""
+        with self._lock:
+            if self._partial:
+                self._emit(self._partial)
+                self._partial = ""
+        self.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self) -> str:
+        return "utf-8"
+
+
+def connect(host: str, port: int, secret: str, stage_id: int) -> LogConnection | None:
+    """A connection to the driver's log server, or None (output then stays local)."""
+    try:
+        return LogConnection(host, port, secret, stage_id)
+    except (OSError, ValueError) as exc:
+        sys.stderr.write(f"ringtrain: cannot reach the driver's log server {host}:{port}: {exc}\n")
+        return None
+
+
+def stream_pair(conn: LogConnection | None, rank: int, timestamps: bool) -> tuple[Any, Any]:
+    return (
+        PrefixedLines(STDOUT_TAG, rank, conn, sys.stdout, timestamps),
+        PrefixedLines(STDERR_TAG, rank, conn, sys.stderr, timestamps),
+    )
