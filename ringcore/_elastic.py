@@ -78,7 +78,6 @@ def hosts_updated() -> bool:
 def next_generation() -> None:
     """Leave the current ring, wait for the launcher's next generation, and set the
     environment so that ``init()`` joins it with this worker's new rank."""
-    global _my_generation
     from ._runtime import shutdown
 
     shutdown()
@@ -100,22 +99,12 @@ def next_generation() -> None:
         raise RingError(world["abort"])
     if me not in world["workers"]:
         raise RingError(f"worker {me} is not part of generation {g} of the ring")
-    rank = world["workers"].index(me)
-    env = worker_env(
-        topology_from_hosts(world["hosts"], rank),
-        os.environ[cfg.STORE_ADDR_ENV_VAR],
-        int(os.environ[cfg.STORE_PORT_ENV_VAR]),
-        external_store=True,
-    )
-    env[cfg.STORE_PREFIX_ENV_VAR] = f"elastic/ring/{g}"
-    os.environ.update(env)
-    _my_generation = g
+    _set_world(g, world)
 
 
 def join_late() -> None:
     """A worker started after the job began: wait for the generation that lists it and
     set the environment so that ``init()`` joins that ring."""
-    global _my_generation
     me = os.environ[cfg.WORKER_ID_ENV_VAR]
     deadline = time.monotonic() + cfg.get_float(
         cfg.ELASTIC_TIMEOUT_ENV_VAR, cfg.DEFAULT_ELASTIC_TIMEOUT_S

@@ -86,8 +86,7 @@ def check_process_set(process_set: ProcessSet | None, what: str = "this op") -> 
 def register_process_set(ps: ProcessSet | list[int]) -> ProcessSet:
     """Create the set's backend group on every rank (a collective: every rank calls it,
     in the same order) and give it an id."""
-    from ._engine import Handle, wait_handle
-    from ._runtime import engine, size
+    from ._runtime import size
 
     ps = ps if isinstance(ps, ProcessSet) else ProcessSet(list(ps))
     if ps.ranks is None:
@@ -95,28 +94,7 @@ def register_process_set(ps: ProcessSet | list[int]) -> ProcessSet:
     bad = [r for r in ps.ranks if not 0 <= r < size()]
     if bad or not ps.ranks:
         raise ValueError(f"{ps!r}: ranks must be non-empty and in [0, {size()}), got {ps.ranks}")
-    eng = engine()
-    name = eng.auto_name("process_set_add")
-    handle = eng.submit(
-        Handle(name, "ps_add"),
-        {
-            "n": name,
-            "k": "ps_add",
-            "d": "",
-            "s": [],
-            "ps": 0,
-            "o": 0,
-            "r": 0,
-            "pre": 1.0,
-            "post": 1.0,
-            "dev": "",
-            "ranks": ps.ranks,
-        },
-    )
-    wait_handle(handle)
-    if handle.error is not None:
-        raise handle.error
-    ps.process_set_id = int(handle.result)
+    ps.process_set_id = int(_control_op("ps_add", ranks=ps.ranks))
     return ps
 
 
@@ -135,8 +113,7 @@ def add_process_set(process_set: ProcessSet | list[int]) -> ProcessSet:
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Remove a registered set on every rank (a collective). Returns False for the global set."""
-    from ._engine import Handle, wait_handle
-    from ._runtime import dynamic_process_sets_enabled, engine
+    from ._runtime import dynamic_process_sets_enabled
 
     if process_set.ranks is None or process_set.process_set_id in (None, 0):
         return False
@@ -144,26 +121,34 @@ def remove_process_set(process_set: ProcessSet) -> bool:
         raise ValueError(
             "remove_process_set needs dynamic process sets (init(process_sets='dynamic'))."
         )
+    _control_op("ps_remove", id=process_set.process_set_id)
+    process_set.process_set_id = None
+    return True
+
+
+def _control_op(kind: str, **fields: Any) -> Any:
+    """Run a process-set change through the engine, so every rank applies it at the
+    same point of the op order; returns its result."""
+    from ._engine import Handle, wait_handle
+    from ._runtime import engine
+
     eng = engine()
-    name = eng.auto_name("process_set_remove")
-    handle = eng.submit(
-        Handle(name, "ps_remove"),
-        {
-            "n": name,
-            "k": "ps_remove",
-            "d": "",
-            "s": [],
-            "ps": 0,
-            "o": 0,
-            "r": 0,
-            "pre": 1.0,
-            "post": 1.0,
-            "dev": "",
-            "id": process_set.process_set_id,
-        },
-    )
+    name = eng.auto_name(kind)
+    request = {
+        "n": name,
+        "k": kind,
+        "d": "",
+        "s": [],
+        "ps": 0,
+        "o": 0,
+        "r": 0,
+        "pre": 1.0,
+        "post": 1.0,
+        "dev": "",
+        **fields,
+    }
+    handle = eng.submit(Handle(name, kind), request)
     wait_handle(handle)
     if handle.error is not None:
         raise handle.error
-    process_set.process_set_id = None
-    return True
+    return handle.result
