@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _config as cfg
-from ._errors import NotInitializedError, RendezvousError, RingInternalError
+from ._errors import NotInitializedError, RendezvousError
 from ._rendezvous import Rendezvous, hosted_store, read_environment
 from ._timeline import Timeline
 from ._topology import Topology
@@ -373,11 +373,3 @@ def cross_size() -> int:
 
 def is_homogeneous() -> bool:
     return topology().is_homogeneous
-
-
-def translate_backend_error(exc: BaseException, what: str) -> RingInternalError:
-    """Wrap a backend failure (a peer died, a timeout) in RingInternalError."""
-    return RingInternalError(
-        f"{what} could not complete on rank {rank()} of {size()}: {type(exc).__name__}: {exc}. "
-        "A peer may have died; an elastic job restores its last commit and retries."
-    )

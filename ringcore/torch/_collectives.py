@@ -131,6 +131,16 @@ def _request(kind: str, name: str, tensor: torch.Tensor, ps: int, **extra: Any) 
     return req
 
 
+def _into(tensor: torch.Tensor):
+    """The finish of an in-place op: the result lands in ``tensor`` (copied back only
+    when the backend worked on another buffer, e.g. bool carried as uint8)."""
+
+    def finish(buf: torch.Tensor) -> torch.Tensor:
+        return tensor if buf.data_ptr() == tensor.data_ptr() else tensor.copy_(buf)
+
+    return finish
+
+
 def _back_to(dtype: torch.dtype):
     return lambda t: t if t.dtype == dtype else t.to(dtype)
 
@@ -177,12 +187,7 @@ def allreduce_async_(
     )
     wire = _wire(tensor)
 
-    def finish(buf):
-        if buf.data_ptr() != tensor.data_ptr():
-            tensor.copy_(buf)
-        return tensor
-
-    return _register(eng.submit(Handle(name, "allreduce", tensor=wire, finish=finish), req))
+    return _register(eng.submit(Handle(name, "allreduce", tensor=wire, finish=_into(tensor)), req))
 
 
 def allreduce_async(
@@ -270,10 +275,7 @@ def _grouped_allreduce_async(
             group=(gid, len(tensors)),
         )
         if inplace:
-            wire = _wire(t)
-
-            def finish(buf, t=t):
-                return t if buf.data_ptr() == t.data_ptr() else t.copy_(buf)
+            wire, finish = _wire(t), _into(t)
         else:
             wire, finish = _wire(t).clone(), _back_to(t.dtype)
         h = Handle(n, "allreduce", tensor=wire, finish=finish)
@@ -448,13 +450,8 @@ def broadcast_async_(
     name = name or eng.auto_name("broadcast")
     wire = _wire(tensor)
 
-    def finish(buf):
-        if buf.data_ptr() != tensor.data_ptr():
-            tensor.copy_(buf)
-        return tensor
-
     req = _request("broadcast", name, tensor, ps, r=int(root_rank))
-    return _register(eng.submit(Handle(name, "broadcast", tensor=wire, finish=finish), req))
+    return _register(eng.submit(Handle(name, "broadcast", tensor=wire, finish=_into(tensor)), req))
 
 
 def broadcast_async(
