@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 EXTRAS := spark,petastorm,ray,tensorflow,lightning,mlflow,mpi,notebooks,dev
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test bench lint install clean
+.PHONY: demo test test-current bench lint install clean reliability
 
 install: $(STAMP)
 
@@ -26,9 +26,39 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests
 
+# The second tested stack: the newest releases (constraints-current.txt: pyspark 4.3,
+# ray 2.60, pyarrow 26, numpy 2, pandas < 3), without Petastorm (the Arrow reader), in
+# its own venv; the data / store / estimator / Spark / Ray tests that do not need petastorm.
+CUR_VENV := .venv-current
+CUR_PY := $(CUR_VENV)/bin/python
+CUR_STAMP := $(CUR_VENV)/.installed
+CURRENT_TESTS := tests/test_data.py tests/test_stores.py tests/test_estimators.py \
+	tests/test_estimators_persistence.py tests/test_spark_runner.py tests/test_ray_runner.py
+
+$(CUR_STAMP): pyproject.toml constraints-current.txt Makefile
+	test -x $(CUR_PY) || $(PYTHON) -m venv $(CUR_VENV)
+	$(CUR_PY) -m pip install -q -c constraints-current.txt torch==2.13.0
+	$(CUR_PY) -m pip install -q -c constraints-current.txt -e ".[spark,ray,dev]"
+	$(CUR_PY) -m ringcore._stackcheck
+	touch $(CUR_STAMP)
+
+test-current: $(CUR_STAMP)
+	$(CUR_PY) -m pytest -p no:cacheprovider -k "not petastorm and not runs_past_one_epoch" $(CURRENT_TESTS)
+
 bench: $(STAMP)
 	$(PY) bench/collectives.py
 	$(PY) bench/training.py
+	$(PY) bench/keras.py
+	PYTHON=$(PY) bench/gpu_check.sh --quick
+
+# The reliability tests (marked @pytest.mark.reliability, see tests/_reliability.py) at
+# full size, then RELIABILITY.md from their JUnit report. '-' keeps going on a failure so
+# the table shows it; the report script exits non-zero when any test failed.
+reliability: $(STAMP)
+	mkdir -p build
+	-RELIABILITY_LOAD_OPS=10000 PYTHONPATH=tests $(PY) -m pytest -p no:cacheprovider -p _reliability \
+		-m reliability --junitxml=build/reliability.xml tests
+	$(PY) bench/reliability_report.py build/reliability.xml RELIABILITY.md
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -36,4 +66,4 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(CUR_VENV) build *.egg-info

@@ -6,8 +6,17 @@
 Intermediate Parquet data and checkpoints live in a :class:`Store`.
 """
 
+from ._callbacks import Callback
 from ._estimator import RingEstimator
 from ._model import RingModel
 from ._store import DBFSLocalStore, FsspecStore, LocalStore, Store
 
-__all__ = ["DBFSLocalStore", "FsspecStore", "LocalStore", "RingEstimator", "RingModel", "Store"]
+__all__ = [
+    "Callback",
+    "DBFSLocalStore",
+    "FsspecStore",
+    "LocalStore",
+    "RingEstimator",
+    "RingModel",
+    "Store",
+]

@@ -8,6 +8,7 @@ workers); scalar features become ``float``; scalar labels keep integers as
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 
 from pyspark.ml.functions import vector_to_array
@@ -18,13 +19,16 @@ from pyspark.sql.types import (
     ArrayType,
     BooleanType,
     DataType,
+    DateType,
     DecimalType,
     FloatType,
     FractionalType,
     IntegralType,
+    MapType,
     NumericType,
     StructField,
     StructType,
+    TimestampType,
 )
 
 __all__ = ["check_columns", "feature_expr", "label_expr"]
@@ -47,19 +51,52 @@ def check_columns(schema: StructType, columns: Sequence[str], role: str, setter:
     cannot feed a model. ``role`` is e.g. "feature"; ``setter`` the param's setter."""
     present = schema.fieldNames()
     for name in columns:
-        if name not in present:
+        if not isinstance(name, str) or name not in present:
             raise ValueError(
                 f"{role} column {name!r} is not in the DataFrame; its columns are: "
-                f"{', '.join(present)}. Select or rename a column to {name!r}, or pass "
-                f"existing names to {setter}([...])."
+                f"{', '.join(present)}.{_close_name(name, present)} Select or rename a column "
+                f"to {name!r}, or pass existing names to {setter}(...)."
             )
         dtype = schema[name].dataType
         if not _supported(dtype):
             raise ValueError(
                 f"{role} column {name!r} has type {dtype.simpleString()}; ringtrain trains on "
-                f"{_SUPPORTED}. Convert it first (e.g. StringIndexer for labels, "
-                "VectorAssembler for features)."
+                f"{_SUPPORTED}. {_conversion(name, dtype, setter)}"
             )
+
+
+def _close_name(name: object, present: Sequence[str]) -> str:
+    """`` Did you mean 'x'?`` for a misspelling (case or a few letters) of a present name."""
+    if not isinstance(name, str):
+        return ""
+    lowered = {n.lower(): n for n in present}
+    match = difflib.get_close_matches(name.lower(), list(lowered), n=1, cutoff=0.6)
+    return f" Did you mean {lowered[match[0]]!r}?" if match else ""
+
+
+def _conversion(name: str, dtype: DataType, setter: str) -> str:
+    """How to turn a column of ``dtype`` into one ringtrain takes."""
+    if isinstance(dtype, StructType):
+        return (
+            f"Select its fields as columns (df.select('*', '{name}.*')) and pass the numeric "
+            f"ones to {setter}(...)."
+        )
+    if isinstance(dtype, MapType):
+        return (
+            f"Take the values you need out as numeric columns (F.col('{name}')['key']) and pass "
+            f"those to {setter}(...)."
+        )
+    if isinstance(dtype, ArrayType):
+        return (
+            "Make it an array of numbers first (F.flatten for nested arrays, a cast or "
+            "StringIndexer for strings)."
+        )
+    if isinstance(dtype, (DateType, TimestampType)):
+        return f"Make it a number first (e.g. F.unix_timestamp('{name}'))."
+    return (
+        "Convert it first (e.g. StringIndexer for labels, VectorAssembler for features), "
+        f"then pass the new column to {setter}(...)."
+    )
 
 
 def _array_of_float(column: Column, dtype: DataType) -> Column:

@@ -19,9 +19,13 @@ import torch
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import BooleanType, IntegralType, NumericType, StructType
 
-from ringcore.data import READERS
+from ringcore.data import READERS, petastorm_problems
 
+from ._callbacks import check_callbacks
+from ._checks import check_config
 from ._columns import check_columns
+from ._frameworks import KERAS, LIGHTNING, TORCH, framework_of
+from ._lightning import overrides
 from ._metrics import resolve_metrics
 from ._store import Store
 
@@ -30,8 +34,9 @@ __all__ = ["FitConfig", "resolve_config"]
 
 @dataclass(frozen=True)
 class FitConfig:
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
+    framework: str  # _frameworks.TORCH / LIGHTNING / KERAS: what model is
+    model: Any
+    optimizer: Any  # a torch.optim.Optimizer; None for a LightningModule
     loss: Any
     metrics: list[Any]
     feature_cols: list[str]
@@ -53,7 +58,10 @@ class FitConfig:
     validation_steps_per_epoch: int | None
     reader: str
     reader_workers: int
+    inmemory_cache_all: bool
     backward_passes_per_step: int
+    callbacks: list[Any]  # torch: objects with on_epoch_end / on_batch_end (_callbacks.py)
+    use_gpu: bool  # resolved: the use_gpu param, or whether CUDA is present
 
 
 def _check_positive(name: str, value: Any, setter: str, optional: bool = False) -> None:
@@ -65,11 +73,43 @@ def _check_positive(name: str, value: Any, setter: str, optional: bool = False) 
         )
 
 
-def _check_model(model: Any, optimizer: Any, loss: Any) -> None:
-    if not isinstance(model, torch.nn.Module):
+def _check_model(model: Any, optimizer: Any, loss: Any) -> str:
+    """Check the model params for the model's framework (see ``_frameworks``); returns it."""
+    if model is None:
+        raise ValueError("model is not set; pass the model to train with setModel(...).")
+    kind = framework_of(model)
+    if kind == LIGHTNING:
+        _check_lightning(model, optimizer, loss)
+    elif kind == TORCH:
+        _check_torch(model, optimizer, loss)
+    elif kind == KERAS:  # Keras: optimizer/loss as params or from model.compile
+        from ._train_keras import check_keras
+
+        check_keras(model, optimizer, loss)
+    return kind
+
+
+def _check_lightning(model: Any, optimizer: Any, loss: Any) -> None:
+    """A LightningModule brings its loss (``training_step``) and its optimizer
+    (``configure_optimizers``); the ``optimizer`` and ``loss`` params must stay unset."""
+    for name, value, setter in (
+        ("optimizer", optimizer, "setOptimizer"),
+        ("loss", loss, "setLoss"),
+    ):
+        if value is not None:
+            raise ValueError(
+                f"{name} is set, but a LightningModule ({type(model).__name__}) defines its own "
+                f"({'configure_optimizers' if name == 'optimizer' else 'training_step'}); "
+                f"unset it (drop {setter}) or pass a plain torch.nn.Module."
+            )
+    if not overrides(model, "training_step"):
         raise ValueError(
-            f"model must be a torch.nn.Module, got {type(model).__name__}. Set it with setModel(...)."
+            f"the LightningModule {type(model).__name__} does not override training_step; "
+            "define training_step(self, batch, batch_idx) returning the loss."
         )
+
+
+def _check_torch(model: Any, optimizer: Any, loss: Any) -> None:
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(
             f"optimizer must be a torch.optim.Optimizer built on model.parameters(), got "
@@ -158,6 +198,25 @@ def _check_numbers(est: Any) -> None:
         )
     if est.getReader() not in READERS:
         raise ValueError(f"reader must be one of {', '.join(READERS)}; got {est.getReader()!r}.")
+    if est.getReader() == "petastorm":
+        problems = petastorm_problems()
+        if problems:
+            raise ValueError(
+                f"reader='petastorm' cannot work here: {'; '.join(problems)}. Use "
+                "setReader('arrow') (or 'auto', which picks arrow on this stack)."
+            )
+
+
+def _resolve_use_gpu(use_gpu: bool | None) -> bool:
+    """``None`` (the default) → whether this driver sees CUDA; ``True`` needs CUDA."""
+    if use_gpu is None:
+        return torch.cuda.is_available()
+    if use_gpu and not torch.cuda.is_available():
+        raise ValueError(
+            "use_gpu=True but torch sees no CUDA device here; install a CUDA build of torch "
+            "or leave use_gpu unset (auto) / setUseGpu(False)."
+        )
+    return bool(use_gpu)
 
 
 def _default_run_id() -> str:
@@ -180,8 +239,16 @@ def resolve_config(est: Any, df: DataFrame | None, spark: SparkSession | None = 
     defaults; starts no job. Without ``df`` (data already in the store) the caller
     checks the columns and ``validation`` must be a fraction."""
     model, optimizer, loss = est.getModel(), est.getOptimizer(), est.getLoss()
-    _check_model(model, optimizer, loss)
-    resolve_metrics(est.getMetrics())
+    framework = _check_model(model, optimizer, loss)
+    if framework != KERAS:  # Keras resolves its own metric names
+        resolve_metrics(est.getMetrics())
+    if framework == LIGHTNING and est.getMetrics():
+        raise ValueError(
+            "metrics is set, but a LightningModule computes its own: log them with "
+            "self.log(name, value) in training_step / validation_step (they enter the "
+            "history); unset metrics."
+        )
+    check_callbacks(est.getCallbacks())
     if df is not None:
         _check_columns(est, df.schema)
         spark = df.sparkSession
@@ -189,7 +256,8 @@ def resolve_config(est: Any, df: DataFrame | None, spark: SparkSession | None = 
     seed = est.getRandomSeed()
     store = _resolve_store(est)
     parallelism = spark.sparkContext.defaultParallelism if spark is not None else 1
-    return FitConfig(
+    cfg = FitConfig(
+        framework=framework,
         model=model,
         optimizer=optimizer,
         loss=loss,
@@ -213,5 +281,10 @@ def resolve_config(est: Any, df: DataFrame | None, spark: SparkSession | None = 
         validation_steps_per_epoch=est.getValidationStepsPerEpoch(),
         reader=est.getReader(),
         reader_workers=est.getTrainReaderNumWorkers(),
+        inmemory_cache_all=est.getInmemoryCacheAll(),
         backward_passes_per_step=est.getBackwardPassesPerStep(),
+        callbacks=list(est.getCallbacks()),
+        use_gpu=_resolve_use_gpu(est.getUseGpu()),
     )
+    check_config(cfg)  # pickling, a writable store, a reused run_id (_checks.py)
+    return cfg

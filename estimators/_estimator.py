@@ -19,12 +19,15 @@ import torch
 from pyspark.ml import Estimator
 from pyspark.sql import DataFrame, SparkSession
 
+from ._checks import check_slots, launch
 from ._config import FitConfig, resolve_config
+from ._frameworks import KERAS, LIGHTNING
+from ._mlflow import log_to_mlflow
 from ._model import RingModel
 from ._params import ESTIMATOR_PARAMS, GeneratedAccessors, init_params, with_params
 from ._prepare import PreparedData, describe_parquet, prepare_data
 from ._report import HistoryPrinter
-from ._train_torch import TrainSpec, train
+from ._train_torch import TrainSpec, as_outputs, train
 
 __all__ = ["RingEstimator"]
 
@@ -36,16 +39,21 @@ def spark_launcher(fn: Callable[..., Any], args: tuple, num_proc: int) -> list[A
     return spark_runner.run(fn, args=args, num_proc=num_proc)
 
 
-def _optimizer_groups(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[list[int]]:
+def _optimizer_groups(model: torch.nn.Module, optimizer: Any) -> list[list[int]]:
+    if optimizer is None:  # a LightningModule: configure_optimizers() on every worker
+        return []
     index = {id(p): i for i, p in enumerate(model.parameters())}
     return [[index[id(p)] for p in group["params"]] for group in optimizer.param_groups]
 
 
 def _train_spec(cfg: FitConfig, data: PreparedData) -> TrainSpec:
+    optimizer_cls = type(cfg.optimizer) if cfg.optimizer is not None else None
     return TrainSpec(
-        user_objects=cloudpickle.dumps((cfg.model, type(cfg.optimizer), cfg.loss, cfg.metrics)),
+        user_objects=cloudpickle.dumps(
+            (cfg.model, optimizer_cls, cfg.loss, cfg.metrics, cfg.callbacks)
+        ),
         optimizer_groups=_optimizer_groups(cfg.model, cfg.optimizer),
-        optimizer_state=cfg.optimizer.state_dict(),
+        optimizer_state=cfg.optimizer.state_dict() if cfg.optimizer is not None else {},
         feature_cols=cfg.feature_cols,
         label_cols=cfg.label_cols,
         train_path=data.train_path,
@@ -64,7 +72,41 @@ def _train_spec(cfg: FitConfig, data: PreparedData) -> TrainSpec:
         run_id=cfg.run_id,
         sample_weight_col=cfg.sample_weight_col,
         transformation_fn=cfg.transformation_fn,
+        framework=cfg.framework,
+        use_gpu=cfg.use_gpu,
+        inmemory_cache_all=cfg.inmemory_cache_all,
     )
+
+
+def probe_torch_model(model: torch.nn.Module, shapes: list[list[int]], outputs: int) -> None:
+    """Run the model once on the driver, on two all-zero rows of the features' shapes,
+    so that a model that does not fit the data fails here with the shapes named, not
+    as a traceback from inside the Spark tasks."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            result = model(*[torch.zeros(2, *shape) for shape in shapes])
+        as_outputs(result, outputs)
+    except Exception as exc:
+        raise ValueError(
+            f"the model fails on a batch of the feature columns' shapes "
+            f"{[[2, *s] for s in shapes]} (float32; rows first): {type(exc).__name__}: {exc}. "
+            "Make its input layer match the features, or fix feature_cols."
+        ) from exc
+    finally:
+        model.train(was_training)
+
+
+def _worker(cfg: FitConfig, data: PreparedData) -> tuple[Callable[..., Any], tuple]:
+    """The function every worker runs, and its arguments, for the model's framework
+    (``cfg.framework``, from ``_frameworks.framework_of``)."""
+    if cfg.framework == KERAS:  # Keras: its own loop (_train_keras.py)
+        from ._train_keras import keras_worker
+
+        return keras_worker(cfg, data)
+    # torch nn.Module and LightningModule share the torch loop (_train_torch.py).
+    return train, (_train_spec(cfg, data),)
 
 
 def _check_parquet_columns(cfg: FitConfig, paths: list[str]) -> None:
@@ -126,6 +168,8 @@ class RingEstimator(GeneratedAccessors, Estimator):
     def _fit(self, dataset: DataFrame) -> RingModel:
         _activate(dataset.sparkSession)
         cfg = resolve_config(self, dataset)
+        if self.launcher is spark_launcher:
+            check_slots(dataset.sparkSession, cfg.num_proc)  # before the data is written
         return self._train(cfg, prepare_data(dataset, cfg))
 
     def fit_on_parquet(
@@ -141,22 +185,21 @@ class RingEstimator(GeneratedAccessors, Estimator):
         return est._train(cfg, describe_parquet(cfg, train_path, val_path))
 
     def _train(self, cfg: FitConfig, data: PreparedData) -> RingModel:
-        spec = _train_spec(cfg, data)
+        if cfg.framework == LIGHTNING:  # torch models: _checks.check_first_batch
+            probe_torch_model(cfg.model, data.feature_shapes, len(cfg.label_cols))
+        fn, args = _worker(cfg, data)
         with HistoryPrinter(cfg.store, cfg.run_id, cfg.epochs, enabled=cfg.verbose >= 1) as printer:
-            history = self.launcher(train, (spec,), cfg.num_proc)[0]
+            history = launch(self.launcher, fn, args, cfg)[0]  # explains store failures
             printer.finish(history)
+        log_to_mlflow(cfg, history)
         return self._load_model(cfg, data, history)
 
     def _load_model(
         self, cfg: FitConfig, data: PreparedData, history: list[dict[str, Any]]
     ) -> RingModel:
-        raw = cfg.store.read_bytes(cfg.store.get_checkpoint_path(cfg.run_id))
-        checkpoint = torch.load(io.BytesIO(raw), weights_only=True)
-        model = copy.deepcopy(cfg.model)
-        model.load_state_dict(checkpoint["model"])
-        model.eval()
+        """The trained model from the run's final checkpoint, for the model's framework."""
         return RingModel(
-            model=model,
+            model=_load_keras_model(cfg) if cfg.framework == KERAS else _load_torch_model(cfg),
             history=history,
             run_id=cfg.run_id,
             feature_cols=cfg.feature_cols,
@@ -165,3 +208,18 @@ class RingEstimator(GeneratedAccessors, Estimator):
             feature_shapes=data.feature_shapes,
             store=cfg.store,
         )
+
+
+def _load_keras_model(cfg: FitConfig) -> Any:  # Keras: the checkpoint is a .keras file
+    from ._train_keras import load_keras_checkpoint
+
+    return load_keras_checkpoint(cfg)
+
+
+def _load_torch_model(cfg: FitConfig) -> torch.nn.Module:
+    raw = cfg.store.read_bytes(cfg.store.get_checkpoint_path(cfg.run_id))
+    checkpoint = torch.load(io.BytesIO(raw), weights_only=True)
+    model = copy.deepcopy(cfg.model)
+    model.load_state_dict(checkpoint["model"])
+    model.eval()
+    return model

@@ -9,7 +9,7 @@ output column is ``double`` when the model gives one value per row, else
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import cloudpickle
@@ -24,6 +24,7 @@ from pyspark.sql.types import ArrayType, DataType, DoubleType, StructField, Stru
 from ringcore.data import to_numpy_columns
 
 from ._columns import check_columns, feature_expr
+from ._frameworks import KERAS, framework_of
 from ._params import MODEL_PARAMS, GeneratedAccessors, init_params, with_params
 from ._persistence import RingModelReader, RingModelWriter
 from ._train_torch import as_outputs, to_inputs
@@ -134,9 +135,12 @@ class RingModel(GeneratedAccessors, Model, MLWritable, MLReadable["RingModel"]):
             )
         return [[len(first[c])] if isinstance(first[c], list) else [1] for c in features]
 
-    def _check(self, df: DataFrame, names: list[str]) -> None:
-        if not isinstance(self.getModel(), torch.nn.Module):
-            raise ValueError("this RingModel holds no torch.nn.Module; set it with setModel(...).")
+    def _check(self, df: DataFrame, names: list[str]) -> str:
+        """Check the columns against ``df``; returns the model's framework."""
+        model = self.getModel()
+        if model is None:
+            raise ValueError("this RingModel holds no model; set it with setModel(...).")
+        kind = framework_of(model)
         check_columns(df.schema, self.getFeatureCols(), "feature", "setFeatureCols")
         clash = [n for n in names if n in df.columns]
         if clash:
@@ -149,22 +153,37 @@ class RingModel(GeneratedAccessors, Model, MLWritable, MLReadable["RingModel"]):
                 f"output_cols names {len(names)} column(s) but the model has "
                 f"{len(self.getLabelCols())} output(s), one per label column."
             )
+        return kind
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
         names, features = self._output_names(), self.getFeatureCols()
-        self._check(dataset, names)
-        model = self.getModel()
-        kinds = _probe_outputs(model, self._feature_shapes(dataset, features), len(names))
+        kind = self._check(dataset, names)
         staged = [_STAGED.format(i) for i in range(len(features))]
         inputs = dataset.select(
             "*",
             *[feature_expr(dataset.schema[c], s) for c, s in zip(features, staged, strict=True)],
         )
+        kinds, predict = self._predictor(kind, dataset, staged, names)
         schema = StructType(
             dataset.schema.fields
             + [StructField(n, k, True) for n, k in zip(names, kinds, strict=True)]
         )
+        return inputs.mapInArrow(predict, schema)
+
+    def _predictor(
+        self, kind: str, dataset: DataFrame, staged: list[str], names: list[str]
+    ) -> tuple[list[DataType], Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]]:
+        """The output column types and the per-task ``mapInArrow`` function for the
+        model's framework (``kind``, from ``_frameworks.framework_of``)."""
+        model = self.getModel()
+        shapes = self._feature_shapes(dataset, self.getFeatureCols())
+        if kind == KERAS:  # Keras: loaded from .keras bytes once per task (_train_keras.py)
+            from ._train_keras import keras_predictor
+
+            return keras_predictor(model, shapes, staged, len(dataset.columns), names)
+        # torch nn.Module and LightningModule predict alike.
+        kinds = _probe_outputs(model, shapes, len(names))
         predict = _make_predict(
             cloudpickle.dumps(model), staged, len(dataset.columns), names, kinds
         )
-        return inputs.mapInArrow(predict, schema)
+        return kinds, predict

@@ -78,6 +78,11 @@ def _to_callable(value: Any) -> Any:
     return value
 
 
+def _to_callbacks(value: Any) -> list[Any]:
+    items = [value] if not isinstance(value, (list, tuple)) else list(value)
+    return items
+
+
 def _to_history(value: Any) -> list[dict[str, Any]]:
     return [dict(entry) for entry in value]
 
@@ -111,9 +116,12 @@ ESTIMATOR_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("run_id", _str, None, "name of this run under <store>/runs/; an existing run resumes from its checkpoint; default: generated"),
     ParamSpec("train_steps_per_epoch", _int, None, "training steps per epoch on every process; default: train rows // (batch_size * num_proc)"),
     ParamSpec("validation_steps_per_epoch", _int, None, "validation steps per epoch on every process; default: the whole validation shard"),
-    ParamSpec("reader", _str, "petastorm", "Parquet reader of the workers: 'petastorm', 'arrow' or 'auto'"),
+    ParamSpec("reader", _str, "auto", "Parquet reader of the workers: 'petastorm', 'arrow', or 'auto' (petastorm where the stack check finds it working, else arrow)"),
     ParamSpec("train_reader_num_workers", _int, 1, "petastorm reader threads per process"),
+    ParamSpec("inmemory_cache_all", _bool, False, "each worker reads its training shard into memory once and serves every epoch from there (shuffled per epoch)"),
     ParamSpec("backward_passes_per_step", _int, 1, "gradient accumulation: backward passes per optimizer step"),
+    ParamSpec("callbacks", _to_callbacks, [], "torch: objects with any of on_train_begin(logs), on_epoch_begin(epoch, logs), on_batch_end(batch, logs), on_epoch_end(epoch, logs), on_train_end(logs), called on every rank"),
+    ParamSpec("use_gpu", _bool, None, "train and predict on the task's GPU (NCCL between GPUs); default: when CUDA is present"),
 )
 
 MODEL_PARAMS: tuple[ParamSpec, ...] = (

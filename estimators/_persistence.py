@@ -33,6 +33,7 @@ import fsspec
 import torch
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
+from ._frameworks import FRAMEWORKS, KERAS, TORCH, framework_of
 from ._store import Store
 
 if TYPE_CHECKING:
@@ -99,10 +100,9 @@ class RingModelWriter(MLWriter):
     def saveImpl(self, path: str) -> None:
         model = self.instance
         module = model.getModel()
-        if not isinstance(module, torch.nn.Module):
-            raise ValueError(
-                "this RingModel holds no torch.nn.Module to save; set it with setModel."
-            )
+        if module is None:
+            raise ValueError("this RingModel holds no model to save; set it with setModel.")
+        kind = framework_of(module)
         params: dict[str, Any] = {
             name: model.getOrDefault(name) for name in _JSON_PARAMS if model.isSet(name)
         }
@@ -112,12 +112,19 @@ class RingModelWriter(MLWriter):
         extra = {
             "ringtrain": {
                 "format": FORMAT_VERSION,
+                "framework": kind,
                 "module_class": f"{type(module).__module__}.{type(module).__qualname__}",
             }
         }
         DefaultParamsWriter.saveMetadata(
             model, path, self.sparkSession, extraMetadata=extra, paramMap=params
         )
+        if kind == KERAS:  # Keras: <path>/model/model.keras (_train_keras.py)
+            from ._train_keras import save_keras_model
+
+            save_keras_model(module, path)
+            return
+        # torch nn.Module and LightningModule: weights + structure (save_module).
         save_module(module, path)
 
 
@@ -138,7 +145,16 @@ class RingModelReader(MLReader["RingModel"]):
             )
         params = dict(metadata["paramMap"])
         store = params.pop("store", None)
-        instance = self.cls(model=load_module(path), **params)
+        kind = metadata["ringtrain"].get("framework", TORCH)  # format 1 before Keras: torch
+        if kind not in FRAMEWORKS:
+            raise ValueError(f"{path} holds a model of unknown framework {kind!r}.")
+        if kind == KERAS:  # Keras: <path>/model/model.keras (_train_keras.py)
+            from ._train_keras import load_keras_model
+
+            module = load_keras_model(path)
+        else:
+            module = load_module(path)  # torch and lightning
+        instance = self.cls(model=module, **params)
         if store is not None:
             instance.setStore(Store.create(store))
         instance._resetUid(metadata["uid"])

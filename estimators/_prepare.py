@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 
 from ringcore.data import resolve_reader, to_numpy_columns
 
+from ._checks import check_data, check_first_batch
 from ._columns import feature_expr, label_expr
 from ._config import FitConfig
 from ._store import Store
@@ -183,13 +184,22 @@ def _cached(key: tuple[Any, ...], cfg: FitConfig) -> PreparedData | None:
     return dataclasses.replace(data, steps_per_epoch=_steps_per_epoch(cfg, data.train_rows))
 
 
+def _first_rows(cfg: FitConfig, path: str) -> dict[str, Any]:
+    columns = cfg.feature_cols + cfg.label_cols
+    if cfg.sample_weight_col is not None:
+        columns.append(cfg.sample_weight_col)
+    return to_numpy_columns(cfg.store.parquet_dataset(path).head(2, columns=columns), columns)
+
+
 def prepare_data(df: DataFrame, cfg: FitConfig) -> PreparedData:
     """Select and flatten the columns, split off validation, write Parquet under the Store
     (or reuse what an earlier fit of the same data wrote)."""
     key = _cache_key(df, cfg)
     cached = _cached(key, cfg)
     if cached is not None:
+        check_first_batch(cfg, _first_rows(cfg, cached.train_path))  # this fit's model and loss
         return cached
+    check_data(df, cfg)  # one job (rows, nulls, NaNs, a first batch); writes nothing
     train_df, val_df = _split(df, cfg)
     idx = cfg.store.next_data_index()
     train_path = cfg.store.get_train_data_path(idx)

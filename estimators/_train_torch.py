@@ -20,7 +20,7 @@ import io
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,16 @@ import torch
 import ringcore.torch as hvd
 from ringcore.data import make_reader, read_shard
 
+from ._callbacks import CallbackList
+from ._frameworks import LIGHTNING, TORCH
+from ._lightning import (
+    LogRecorder,
+    attach_recorder,
+    call_hook,
+    lightning_optimizer,
+    overrides,
+    step_loss,
+)
 from ._metrics import resolve_metrics
 from ._store import Store
 
@@ -62,6 +72,9 @@ class TrainSpec:
     run_id: str
     sample_weight_col: str | None = None  # per-row weights of the loss
     transformation_fn: Any = None  # fn(batch) -> batch, on every batch
+    framework: str = TORCH  # _frameworks.TORCH or LIGHTNING (its own training_step)
+    use_gpu: bool = False  # model and batches on cuda:<local rank>
+    inmemory_cache_all: bool = False  # read the shard once, serve every epoch from memory
 
 
 @dataclass
@@ -72,6 +85,15 @@ class _Task:
     optimizer: torch.optim.Optimizer
     loss: Any
     metrics: list[tuple[str, Any]]
+    callbacks: CallbackList
+    device: torch.device
+    scheduler: Any = None  # a LightningModule's lr scheduler
+    scheduler_interval: str = "epoch"
+    recorder: LogRecorder | None = None  # a LightningModule's self.log values
+
+    @property
+    def lightning(self) -> bool:
+        return self.recorder is not None
 
 
 # --- tensors ---------------------------------------------------------------------------
@@ -118,27 +140,51 @@ def _as_target(output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
 # --- set-up ---------------------------------------------------------------------------------
 
 
-def _rebuild(spec: TrainSpec) -> _Task:
-    model, optimizer_cls, loss, metrics = cloudpickle.loads(spec.user_objects)
+def _device(spec: TrainSpec) -> torch.device:
+    if spec.use_gpu and torch.cuda.is_available():
+        # spark_runner pins one GPU per task (CUDA_VISIBLE_DEVICES) when Spark assigns
+        # them; otherwise take the local rank's.
+        count = torch.cuda.device_count()
+        return torch.device("cuda", hvd.local_rank() % count if count else 0)
+    return torch.device("cpu")
+
+
+def _torch_optimizer(spec: TrainSpec, model: torch.nn.Module, optimizer_cls: type) -> Any:
+    """The driver's optimizer rebuilt on this replica's parameters (as Horovod does)."""
     params = list(model.parameters())
     groups = spec.optimizer_state["param_groups"]
     hyper = [{k: v for k, v in g.items() if k != "params"} for g in groups]
     accepted = inspect.signature(optimizer_cls).parameters
     required = {k: v for k, v in hyper[0].items() if k in accepted}  # e.g. an lr without default
-    base = optimizer_cls(
+    return optimizer_cls(
         [
             {"params": [params[i] for i in group], **h}
             for group, h in zip(spec.optimizer_groups, hyper, strict=True)
         ],
         **required,
     )
+
+
+def _rebuild(spec: TrainSpec) -> _Task:
+    model, optimizer_cls, loss, metrics, callbacks = cloudpickle.loads(spec.user_objects)
+    device = _device(spec)
+    model.to(device)
+    scheduler, interval, recorder = None, "epoch", None
+    if spec.framework == LIGHTNING:
+        base, scheduler, interval = lightning_optimizer(model)
+        recorder = attach_recorder(model)
+    else:
+        base = _torch_optimizer(spec, model, optimizer_cls)
     optimizer = hvd.DistributedOptimizer(
         base,
         named_parameters=model.named_parameters(),
         backward_passes_per_step=spec.backward_passes_per_step,
     )
-    optimizer.load_state_dict(spec.optimizer_state)  # the driver's hyper-parameters (and state)
-    return _Task(model, optimizer, loss, resolve_metrics(metrics))
+    if spec.framework != LIGHTNING:
+        optimizer.load_state_dict(spec.optimizer_state)  # the driver's hyper-parameters
+    task = _Task(model, optimizer, loss, resolve_metrics(metrics), CallbackList(callbacks), device)
+    task.scheduler, task.scheduler_interval, task.recorder = scheduler, interval, recorder
+    return task
 
 
 def _restore(task: _Task, spec: TrainSpec) -> tuple[int, list[dict[str, Any]]]:
@@ -147,11 +193,20 @@ def _restore(task: _Task, spec: TrainSpec) -> tuple[int, list[dict[str, Any]]]:
     done: tuple[int, list[dict[str, Any]]] = (0, [])
     path = spec.store.find_checkpoint(spec.run_id) if hvd.rank() == 0 else None
     if path is not None:
-        checkpoint = torch.load(io.BytesIO(spec.store.read_bytes(path)), weights_only=True)
+        checkpoint = torch.load(
+            io.BytesIO(spec.store.read_bytes(path)), weights_only=True, map_location=task.device
+        )
         task.model.load_state_dict(checkpoint["model"])
         task.optimizer.load_state_dict(checkpoint["optimizer"])
         done = (int(checkpoint["epoch"]), list(checkpoint["history"]))
-    return hvd.broadcast_object(done, root_rank=0, name="ringtrain.resume")
+    done = hvd.broadcast_object(done, root_rank=0, name="ringtrain.resume")
+    if task.scheduler is not None and done[0] > 0:
+        # every rank replays the schedule to the epoch reached (schedulers keep no tensors)
+        state = checkpoint.get("scheduler") if path is not None else None
+        state = hvd.broadcast_object(state, root_rank=0, name="ringtrain.resume.scheduler")
+        if state is not None:
+            task.scheduler.load_state_dict(state)
+    return done
 
 
 def _columns(spec: TrainSpec) -> list[str]:
@@ -162,6 +217,12 @@ def _columns(spec: TrainSpec) -> list[str]:
 def _load_validation(spec: TrainSpec, local_path: str | None) -> dict[str, np.ndarray] | None:
     if local_path is None:
         return None
+    return read_shard(
+        local_path, rank=hvd.rank(), size=hvd.size(), columns=_columns(spec), reader=spec.reader
+    )
+
+
+def _load_shard(spec: TrainSpec, local_path: str) -> dict[str, np.ndarray]:
     return read_shard(
         local_path, rank=hvd.rank(), size=hvd.size(), columns=_columns(spec), reader=spec.reader
     )
@@ -234,20 +295,65 @@ def _loss(task: _Task, output: torch.Tensor, target: torch.Tensor, weight: Any) 
 
 
 def _forward(task: _Task, spec: TrainSpec, batch: dict[str, np.ndarray]):
-    outputs = as_outputs(task.model(*to_inputs(batch, spec.feature_cols)), len(spec.label_cols))
+    inputs = [t.to(task.device) for t in to_inputs(batch, spec.feature_cols)]
+    outputs = as_outputs(task.model(*inputs), len(spec.label_cols))
     targets = [
-        _as_target(o, _tensor(batch[c])) for o, c in zip(outputs, spec.label_cols, strict=True)
+        _as_target(o, _tensor(batch[c]).to(task.device))
+        for o, c in zip(outputs, spec.label_cols, strict=True)
     ]
     weight = None
     if spec.sample_weight_col is not None:
         weight = _tensor(batch[spec.sample_weight_col]).to(torch.float32).reshape(-1)
+        weight = weight.to(task.device)
     loss = sum(_loss(task, o, t, weight) for o, t in zip(outputs, targets, strict=True))
     return outputs, targets, loss
 
 
+def _lightning_batch(task: _Task, spec: TrainSpec, batch: dict[str, np.ndarray]) -> dict:
+    """``{column: tensor}``: features float32, labels and weights as stored."""
+    tensors = {c: _tensor(batch[c]).to(task.device) for c in _columns(spec)}
+    for c in spec.feature_cols:
+        tensors[c] = tensors[c].to(torch.float32)
+    return tensors
+
+
+def _lightning_step(
+    task: _Task, spec: TrainSpec, batch: dict[str, np.ndarray], index: int, method: str
+) -> tuple[torch.Tensor | None, int]:
+    """``(loss or None, rows)`` of ``training_step`` / ``validation_step`` on ``batch``."""
+    assert task.recorder is not None
+    rows = len(batch[spec.label_cols[0]])
+    task.recorder.weight = float(rows)
+    try:
+        result = getattr(task.model, method)(_lightning_batch(task, spec, batch), index)
+    finally:
+        task.recorder.weight = 1.0
+    return step_loss(result, method), rows
+
+
+def _step_totals(task: _Task, spec: TrainSpec, batch: dict[str, np.ndarray], step: int):
+    """Forward one training batch: ``(loss, its totals row)``."""
+    if task.lightning:
+        loss, rows = _lightning_step(task, spec, batch, step, "training_step")
+        if loss is None:
+            raise ValueError(
+                "training_step returned None; ringtrain does not skip steps (every rank "
+                "must step together). Return the loss."
+            )
+        totals = np.zeros(2)
+        totals[:2] = (float(loss.detach()) * rows, rows)
+        return loss, totals
+    outputs, targets, loss = _forward(task, spec, batch)
+    return loss, _batch_totals(task, spec, outputs, targets, loss)
+
+
+def _width(task: _Task, spec: TrainSpec) -> int:
+    return 2 + len(task.metrics) * len(spec.label_cols)
+
+
 def _train_epoch(task: _Task, spec: TrainSpec, batches: Any) -> np.ndarray:
     task.model.train()
-    totals = np.zeros(2 + len(task.metrics) * len(spec.label_cols))
+    totals = np.zeros(_width(task, spec))
     every = spec.backward_passes_per_step
     task.optimizer.zero_grad()
     for step in range(spec.steps_per_epoch):
@@ -257,28 +363,59 @@ def _train_epoch(task: _Task, spec: TrainSpec, batches: Any) -> np.ndarray:
                 f"the training reader of {spec.train_path} gave no batch at step {step}; "
                 "this rank's shard is empty"
             )
-        outputs, targets, loss = _forward(task, spec, _transformed(spec, batch))
+        loss, row = _step_totals(task, spec, _transformed(spec, batch), step)
         loss.backward()
         if (step + 1) % every == 0 or step + 1 == spec.steps_per_epoch:
             task.optimizer.step()
             task.optimizer.zero_grad()
-        totals += _batch_totals(task, spec, outputs, targets, loss)
+            if task.scheduler is not None and task.scheduler_interval == "step":
+                task.scheduler.step()
+        totals += row
+        if task.callbacks:
+            task.callbacks.call("on_batch_end", step, {"loss": row[0] / row[1], "rows": row[1]})
     return totals
 
 
-def _evaluate(task: _Task, spec: TrainSpec, data: dict[str, np.ndarray] | None) -> np.ndarray:
-    totals = np.zeros(2 + len(task.metrics) * len(spec.label_cols))
-    if data is None:
-        return totals
+def _val_batches(spec: TrainSpec, data: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
     rows = len(data[spec.label_cols[0]])
     if spec.val_steps is not None:
         rows = min(rows, spec.val_steps * spec.val_batch_size)
+    for start in range(0, rows, spec.val_batch_size):
+        batch = {k: v[start : min(rows, start + spec.val_batch_size)] for k, v in data.items()}
+        yield _transformed(spec, batch)
+
+
+def _evaluate(task: _Task, spec: TrainSpec, data: dict[str, np.ndarray] | None) -> np.ndarray:
+    totals = np.zeros(_width(task, spec))
+    if data is None:
+        return totals
     task.model.eval()
     with torch.no_grad():
-        for start in range(0, rows, spec.val_batch_size):
-            batch = {k: v[start : min(rows, start + spec.val_batch_size)] for k, v in data.items()}
-            outputs, targets, loss = _forward(task, spec, _transformed(spec, batch))
+        if task.lightning:
+            return _evaluate_lightning(task, spec, data, totals)
+        for batch in _val_batches(spec, data):
+            outputs, targets, loss = _forward(task, spec, batch)
             totals += _batch_totals(task, spec, outputs, targets, loss)
+    return totals
+
+
+def _evaluate_lightning(
+    task: _Task, spec: TrainSpec, data: dict[str, np.ndarray], totals: np.ndarray
+) -> np.ndarray:
+    if not overrides(task.model, "validation_step"):
+        return totals  # no validation_step: no validation metrics
+    assert task.recorder is not None
+    task.recorder.phase = "val"
+    try:
+        call_hook(task.model, "on_validation_epoch_start")
+        for index, batch in enumerate(_val_batches(spec, data)):
+            loss, rows = _lightning_step(task, spec, batch, index, "validation_step")
+            totals[1] += rows
+            if loss is not None:
+                totals[0] += float(loss) * rows
+        call_hook(task.model, "on_validation_epoch_end")
+    finally:
+        task.recorder.phase = "train"
     return totals
 
 
@@ -307,18 +444,36 @@ def _epoch_entry(
     entry.update({f"train_{n}": float(v) for n, v in zip(names, _means(train), strict=True)})
     if spec.val_path is not None and val[1] > 0:
         entry.update({f"val_{n}": float(v) for n, v in zip(names, _means(val), strict=True)})
+    if task.recorder is not None:
+        entry.update(_logged_means(task.recorder))
     return entry
+
+
+def _logged_means(recorder: LogRecorder) -> dict[str, float]:
+    """The epoch's ``self.log`` values, weighted means over every rank (a name logged on
+    some ranks only counts where it was logged)."""
+    local = recorder.take()
+    names = sorted(set().union(*hvd.allgather_object(sorted(local), name="ringtrain.logged")))
+    if not names:
+        return {}
+    sums = np.stack([local.get(n, np.zeros(2)) for n in names])
+    sums = hvd.allreduce(torch.from_numpy(sums), op=hvd.Sum, name="ringtrain.logged_sums")
+    return {n: float(s / max(w, 1e-12)) for n, (s, w) in zip(names, sums.tolist(), strict=True)}
 
 
 def _save_checkpoint(
     task: _Task, spec: TrainSpec, epoch: int, history: list[dict[str, Any]]
 ) -> None:
+    """Rank 0, after each epoch: written to a temporary name and renamed (write_atomic),
+    so a worker killed meanwhile leaves the previous checkpoint whole."""
     state = {
         "model": task.model.state_dict(),
         "optimizer": task.optimizer.state_dict(),
         "epoch": epoch + 1,
         "history": history,
     }
+    if task.scheduler is not None:
+        state["scheduler"] = task.scheduler.state_dict()
     spec.store.write_atomic(
         spec.store.get_checkpoint_path(spec.run_id), lambda f: torch.save(state, f)
     )
@@ -332,13 +487,54 @@ def train(spec: TrainSpec) -> list[dict[str, Any]] | None:
     """Train on this rank's shard; rank 0 returns the history (one dict per epoch)."""
     hvd.init()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
-    torch.manual_seed(spec.seed + hvd.rank())
     task = _rebuild(spec)
     start_epoch, history = _restore(task, spec)
     hvd.broadcast_parameters(task.model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(task.optimizer, root_rank=0)
     with _local_copies(spec) as (train_path, val_path):
         val_data = _load_validation(spec, val_path)
+        cached = _load_shard(spec, train_path) if spec.inmemory_cache_all else None
+        _run_epochs(task, spec, train_path, cached, val_data, start_epoch, history)
+    return history if hvd.rank() == 0 else None
+
+
+def _epoch_seed(spec: TrainSpec, epoch: int, extra: int = 0) -> int:
+    """Shuffles and torch's RNG depend on (random_seed, epoch) only, so a resumed run
+    draws what an uninterrupted one would."""
+    return (spec.seed * 1_000_003 + epoch * 1009 + extra) % 2**31
+
+
+def _memory_batches(
+    spec: TrainSpec, data: dict[str, np.ndarray], epoch: int
+) -> Generator[dict[str, Any], None, None]:
+    """``inmemory_cache_all``: the epoch's batches out of the shard held in memory,
+    in the order ``(random_seed, epoch)`` draws; the last partial batch dropped."""
+    rows = len(data[spec.label_cols[0]])
+    if rows == 0:
+        return
+    reps = -(-spec.batch_size // rows)  # a shard smaller than a batch: repeat it
+    data = {k: np.concatenate([v] * reps) for k, v in data.items()} if reps > 1 else data
+    rows *= reps
+    for extra in range(1_000_000):
+        if spec.shuffle:
+            order = np.random.default_rng([_epoch_seed(spec, epoch, extra), hvd.rank()])
+            index = order.permutation(rows)
+        else:
+            index = np.arange(rows)
+        for start in range(0, rows - spec.batch_size + 1, spec.batch_size):
+            picked = index[start : start + spec.batch_size]
+            yield {k: v[picked] for k, v in data.items()}
+
+
+def _epoch_batches(
+    spec: TrainSpec, train_path: str, epoch: int
+) -> Generator[dict[str, Any], None, None]:
+    """This rank's batches of one epoch: one pass over its shard, shuffled by
+    ``(random_seed, epoch)``, the last partial batch dropped, so every row is seen at
+    most once per epoch. A shard a batch short of ``steps_per_epoch`` (petastorm's
+    row-group shards may differ by a few rows, and a tiny dataset may hold less than
+    a batch per rank) goes on reading passes without a break until the steps are done."""
+    for num_epochs, extra in ((1, 0), (None, 1)):
         with make_reader(
             train_path,
             rank=hvd.rank(),
@@ -347,26 +543,50 @@ def train(spec: TrainSpec) -> list[dict[str, Any]] | None:
             columns=_columns(spec),
             reader=spec.reader,
             shuffle=spec.shuffle,
-            seed=spec.seed,
+            seed=_epoch_seed(spec, epoch, extra),
+            num_epochs=num_epochs,
             workers_count=spec.reader_workers,
         ) as reader:
-            _run_epochs(task, spec, iter(reader), val_data, start_epoch, history)
-    return history if hvd.rank() == 0 else None
+            yield from reader
 
 
 def _run_epochs(
     task: _Task,
     spec: TrainSpec,
-    batches: Iterator[dict[str, np.ndarray]],
+    train_path: str,
+    cached: dict[str, np.ndarray] | None,
     val_data: dict[str, np.ndarray] | None,
     start_epoch: int,
     history: list[dict[str, Any]],
 ) -> None:
+    task.callbacks.call("set_context", task.model, task.optimizer, hvd.rank(), hvd.size())
+    task.callbacks.call("on_train_begin", {"start_epoch": start_epoch})
+    if task.lightning:
+        call_hook(task.model, "on_train_start")
     for epoch in range(start_epoch, spec.epochs):
         started = time.monotonic()
-        train_totals = _train_epoch(task, spec, batches)
+        torch.manual_seed(_epoch_seed(spec, epoch, hvd.rank()))
+        task.callbacks.call("on_epoch_begin", epoch, {})
+        if task.lightning:
+            call_hook(task.model, "on_train_epoch_start")
+        if cached is not None:
+            batches = _memory_batches(spec, cached, epoch)
+        else:
+            batches = _epoch_batches(spec, train_path, epoch)
+        try:
+            train_totals = _train_epoch(task, spec, batches)
+        finally:
+            batches.close()  # stops the epoch's reader (petastorm's threads)
+        if task.lightning:
+            call_hook(task.model, "on_train_epoch_end")
+        if task.scheduler is not None and task.scheduler_interval == "epoch":
+            task.scheduler.step()
         entry = _epoch_entry(task, spec, epoch, train_totals, _evaluate(task, spec, val_data))
         entry["seconds"] = round(time.monotonic() - started, 3)
         history.append(entry)
         if hvd.rank() == 0:
             _save_checkpoint(task, spec, epoch, history)
+        task.callbacks.call("on_epoch_end", epoch, dict(entry))
+    if task.lightning:
+        call_hook(task.model, "on_train_end")
+    task.callbacks.call("on_train_end", {"history": list(history)})

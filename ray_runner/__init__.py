@@ -9,7 +9,7 @@ from ._checkpoint import Checkpoint
 from ._config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ._errors import PlacementGroupTimeoutError, TrainingFailedError
 from ._executor import RayExecutor
-from ._session import TrainContext, get_checkpoint, get_context, report
+from ._session import TrainContext, get_checkpoint, get_context, get_dataset_shard, report
 from ._trainer import Result, RingTrainer
 
 __all__ = [
@@ -26,5 +26,6 @@ __all__ = [
     "TrainingFailedError",
     "get_checkpoint",
     "get_context",
+    "get_dataset_shard",
     "report",
 ]

@@ -24,21 +24,30 @@ class ScalingConfig:
     """How many workers and what each one holds.
 
     ``resources_per_worker`` defaults to ``{"CPU": 1}`` (plus ``{"GPU": 1}`` with
-    ``use_gpu=True``); other keys are Ray custom resources.
+    ``use_gpu=True``); other keys are Ray custom resources. ``num_workers=(min, max)``
+    scales elastically: training starts with as many workers as fit (at least ``min``),
+    goes on when workers are lost (down to ``min``) and grows back to ``max`` when
+    resources return; the loop keeps its state with ``ringcore.torch.elastic``.
     """
 
-    num_workers: int = 2
+    num_workers: int | tuple[int, int] = 2
     use_gpu: bool = False
     resources_per_worker: dict[str, float] | None = None
     placement_strategy: str = "PACK"
 
     def __post_init__(self) -> None:
         if isinstance(self.num_workers, tuple):
-            raise NotImplementedError(
-                f"num_workers={self.num_workers!r}: elastic (min, max) scaling is not supported yet; "
-                "pass an integer"
-            )
-        if not _is_int(self.num_workers) or self.num_workers < 1:
+            low, high = (*self.num_workers, None, None)[:2]
+            if (
+                len(self.num_workers) != 2
+                or not (_is_int(low) and _is_int(high))
+                or not 1 <= low <= high
+            ):
+                raise ValueError(
+                    f"ScalingConfig.num_workers=(min, max) needs integers 1 <= min <= max, "
+                    f"got {self.num_workers!r}"
+                )
+        elif not _is_int(self.num_workers) or self.num_workers < 1:
             raise ValueError(
                 f"ScalingConfig.num_workers must be an integer >= 1, got {self.num_workers!r}"
             )
@@ -76,6 +85,18 @@ class ScalingConfig:
             raise ValueError(
                 f"ScalingConfig.resources_per_worker['CPU'] must be > 0, got {resources['CPU']!r}"
             )
+
+    @property
+    def elastic(self) -> bool:
+        return isinstance(self.num_workers, tuple)
+
+    @property
+    def min_workers(self) -> int:
+        return self.num_workers[0] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
 
     @property
     def cpus_per_worker(self) -> float:

@@ -16,6 +16,17 @@ DEFAULT_STORAGE_PATH = "~/ringtrain_results"
 REPORT_POLL_INTERVAL_ENV_VAR = "RING_REPORT_POLL_INTERVAL"
 DEFAULT_REPORT_POLL_INTERVAL_S = 0.2
 
+# How long the driver waits for the other ranks' errors after the first failure (seconds).
+FAILURE_GRACE_ENV_VAR = "RING_FAILURE_GRACE"
+DEFAULT_FAILURE_GRACE_S = 2.0
+
+# Elastic runs: how long a silent worker may take to answer the driver's ping (seconds).
+PING_TIMEOUT_ENV_VAR = "RING_PING_TIMEOUT"
+DEFAULT_PING_TIMEOUT_S = 3.0
+
+# The GPUs of a rank's node (set beside CUDA_VISIBLE_DEVICES, as spark_runner does).
+GPU_ADDRESSES_ENV_VAR = "RING_GPU_ADDRESSES"
+
 CHECKPOINT_DIR_PREFIX = "checkpoint_"
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 

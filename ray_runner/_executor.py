@@ -19,10 +19,17 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import (
+    PlacementGroup,
+    get_current_placement_group,
+    placement_group,
+    remove_placement_group,
+)
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ringcore import RingError, WorkerError, topology_from_hosts, worker_env
+from ringcore._auth import new_secret
+from ringcore._config import HOSTNAME_ENV_VAR
 
 from . import _constants as const
 from ._errors import PlacementGroupTimeoutError
@@ -30,7 +37,7 @@ from ._worker import CONTROL_GROUP, RingWorker
 
 log = logging.getLogger("ringtrain.ray_runner")
 
-__all__ = ["RayExecutor"]
+__all__ = ["RayExecutor", "cuda_visible_devices"]
 
 _LOOPBACK = "127.0.0.1"
 
@@ -67,6 +74,7 @@ class RayExecutor:
         resources_per_worker: dict[str, float] | None = None,
         placement_strategy: str = "PACK",
         placement_group_timeout_s: float | None = None,
+        placement_group: PlacementGroup | str | None = "default",
         min_workers: int | None = None,
         max_workers: int | None = None,
     ):
@@ -107,9 +115,19 @@ class RayExecutor:
                 const.PLACEMENT_GROUP_TIMEOUT_ENV_VAR, const.DEFAULT_PLACEMENT_GROUP_TIMEOUT_S
             )
         )
+        if not (
+            placement_group in (None, "default") or isinstance(placement_group, PlacementGroup)
+        ):
+            raise ValueError(
+                f"placement_group must be a ray PlacementGroup, 'default' (the caller's current "
+                f"group, if any) or None (always a new group), got {placement_group!r}"
+            )
+        self.placement_group = placement_group
         self._pg: PlacementGroup | None = None
+        self._owns_pg = False
         self._workers: list[Any] = []
         self._hosts: list[str] = []
+        self._node_ids: list[str] = []
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -130,7 +148,7 @@ class RayExecutor:
             raise RingError("this RayExecutor is already started; call shutdown() first")
         try:
             self._pg = self._place()
-            self._workers, self._hosts = self._create_workers(self._pg)
+            self._workers, self._hosts, self._node_ids = self._create_workers(self._pg)
             self._setup_workers(executable_cls, executable_args, executable_kwargs, extra_env_vars)
         except BaseException:
             self.shutdown()
@@ -141,14 +159,14 @@ class RayExecutor:
 
     def shutdown(self) -> None:
         """Kill every worker actor and remove the placement group. Safe to call twice."""
-        workers, self._workers, self._hosts = self._workers, [], []
+        workers, self._workers, self._hosts, self._node_ids = self._workers, [], [], []
         for worker in workers:
             try:
                 ray.kill(worker, no_restart=True)
             except Exception as exc:  # already dead, or Ray shut down first
                 log.debug("could not kill a worker: %s", exc)
         pg, self._pg = self._pg, None
-        if pg is not None:
+        if pg is not None and self._owns_pg:
             try:
                 remove_placement_group(pg)
             except Exception as exc:
@@ -194,6 +212,11 @@ class RayExecutor:
     def hosts(self) -> list[str]:
         """The node IP of every rank, ordered by rank."""
         return list(self._hosts)
+
+    @property
+    def node_ids(self) -> list[str]:
+        """The Ray node id of every rank, ordered by rank (local ranks count per node id)."""
+        return list(self._node_ids)
 
     # -- internals -----------------------------------------------------------------
 
@@ -251,13 +274,29 @@ class RayExecutor:
         workers, hosts = self._workers, self._hosts
         port = self._start_store(workers)
         store_addr = _LOOPBACK if len(set(hosts)) == 1 else hosts[0]
+        gpu_env = self._gpu_env() if self.gpus_per_worker else [{} for _ in workers]
         setups = []
+        secret = new_secret()  # one per job: authenticates the engine's control connections
         for rank, worker in enumerate(workers):
-            topology = topology_from_hosts(hosts, rank)
-            env = {**worker_env(topology, store_addr, port), **(extra_env_vars or {})}
+            # Local ranks count per Ray node (two nodes may share an IP); the ring
+            # itself talks to each rank's IP.
+            topology = topology_from_hosts(self._node_ids, rank)
+            env = {
+                **worker_env(topology, store_addr, port, secret=secret),
+                HOSTNAME_ENV_VAR: hosts[rank],
+                **gpu_env[rank],
+                **(extra_env_vars or {}),
+            }
             args = (topology, env, executable_cls, tuple(executable_args or ()), executable_kwargs)
             setups.append(worker.setup.remote(*args))
         self._collect(setups)
+
+    def _gpu_env(self) -> list[dict[str, str]]:
+        """Every worker sees all GPUs Ray gave the workers of its node (as Horovod's
+        RayExecutor), so that ``local_rank`` picks the device and NCCL sees its peers."""
+        gpu_ids = ray.get([w.gpu_ids.remote() for w in self._workers])
+        visible = cuda_visible_devices(self._node_ids, gpu_ids)
+        return [{"CUDA_VISIBLE_DEVICES": v, const.GPU_ADDRESSES_ENV_VAR: v} for v in visible]
 
     def _start_store(self, workers: list) -> int:
         """Rank 0 hosts the store while the other ranks load the ring's transport meanwhile."""
@@ -268,9 +307,7 @@ class RayExecutor:
         return int(self._collect(refs)[0])
 
     def _bundles(self) -> list[dict[str, float]]:
-        per_worker: dict[str, float] = {"CPU": self.cpus_per_worker, **self.resources_per_worker}
-        if self.gpus_per_worker:
-            per_worker["GPU"] = self.gpus_per_worker
+        per_worker = self._bundles_per_worker()
         if self.num_hosts is None:
             return [dict(per_worker) for _ in range(self.num_workers)]
         return [
@@ -279,9 +316,17 @@ class RayExecutor:
         ]
 
     def _place(self) -> PlacementGroup:
+        """The workers' placement group: the given or current one, else a new one."""
+        given = self.placement_group
+        if given == "default":
+            given = get_current_placement_group()
+        if isinstance(given, PlacementGroup):
+            self._owns_pg = False
+            return given
         bundles = self._bundles()
         pg = placement_group(bundles, strategy=self.placement_strategy)
         if pg.wait(timeout_seconds=self.placement_group_timeout_s):
+            self._owns_pg = True
             return pg
         remove_placement_group(pg)
         raise PlacementGroupTimeoutError(self._placement_message(bundles))
@@ -301,14 +346,14 @@ class RayExecutor:
             f"raise placement_group_timeout_s (${const.PLACEMENT_GROUP_TIMEOUT_ENV_VAR})."
         )
 
-    def _create_workers(self, pg: PlacementGroup) -> tuple[list, list[str]]:
+    def _create_workers(self, pg: PlacementGroup) -> tuple[list, list[str], list[str]]:
         # Ray's stubs miss the concurrency_groups overload.
         actor_cls = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(self.worker_cls)  # type: ignore[call-overload]
         workers = []
         for i in range(self.num_workers):
-            strategy = PlacementGroupSchedulingStrategy(
-                pg, placement_group_bundle_index=i // self.num_workers_per_host
-            )
+            # In a group we did not make (a Tune trial's), any bundle with room will do.
+            bundle = i // self.num_workers_per_host if self._owns_pg else -1
+            strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle)
             options: dict[str, Any] = {
                 "num_cpus": self.cpus_per_worker,
                 "scheduling_strategy": strategy,
@@ -319,8 +364,41 @@ class RayExecutor:
                 options["resources"] = dict(self.resources_per_worker)
             workers.append(actor_cls.options(**options).remote())
         self._workers = workers  # so that shutdown() kills them if the next call fails
-        hosts = ray.get([w.node_ip.remote() for w in workers])
+        refs = [w.node.remote() for w in workers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.placement_group_timeout_s)
+        if len(ready) < len(refs):
+            raise PlacementGroupTimeoutError(
+                f"only {len(ready)} of {self.num_workers} workers started within "
+                f"{self.placement_group_timeout_s:g} s in the existing placement group "
+                f"(bundles {pg.bundle_specs}); each worker needs {self._bundles_per_worker()}. "
+                "Make the group's bundles hold the workers, or pass placement_group=None so "
+                "that RayExecutor makes its own group."
+            )
+        nodes = ray.get(refs)
+        ips, node_ids = [n[0] for n in nodes], [n[1] for n in nodes]
         # Ranks of one node contiguous, nodes in order of first appearance.
-        order = {h: i for i, h in reversed(list(enumerate(hosts)))}
-        ranked = sorted(range(len(workers)), key=lambda i: (order[hosts[i]], i))
-        return [workers[i] for i in ranked], [hosts[i] for i in ranked]
+        order = {h: i for i, h in reversed(list(enumerate(node_ids)))}
+        ranked = sorted(range(len(workers)), key=lambda i: (order[node_ids[i]], i))
+        return (
+            [workers[i] for i in ranked],
+            [ips[i] for i in ranked],
+            [node_ids[i] for i in ranked],
+        )
+
+    def _bundles_per_worker(self) -> dict[str, float]:
+        per_worker: dict[str, float] = {"CPU": self.cpus_per_worker, **self.resources_per_worker}
+        if self.gpus_per_worker:
+            per_worker["GPU"] = self.gpus_per_worker
+        return per_worker
+
+
+def cuda_visible_devices(node_ids: list[str], gpu_ids: list[list]) -> list[str]:
+    """Per rank: the sorted GPU ids Ray assigned to all ranks of that rank's node."""
+    per_node: dict[str, set[str]] = {}
+    for node, ids in zip(node_ids, gpu_ids, strict=True):
+        per_node.setdefault(node, set()).update(str(i) for i in ids)
+
+    def key(gpu: str) -> tuple[int, str]:
+        return (int(gpu), gpu) if gpu.isdigit() else (1 << 30, gpu)
+
+    return [",".join(sorted(per_node[node], key=key)) for node in node_ids]

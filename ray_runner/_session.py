@@ -1,4 +1,5 @@
-"""What a training loop sees inside a RingTrainer worker: report, get_checkpoint, get_context.
+"""What a training loop sees inside a RingTrainer worker: report, get_checkpoint, get_context,
+get_dataset_shard.
 
 The driver sends a :class:`SessionSetup` with the loop; :func:`run_loop` opens the
 session of this rank around the user's loop. ``report`` on rank 0 copies the
@@ -10,6 +11,7 @@ dropped, as Ray Train keeps rank 0's.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -26,6 +28,7 @@ __all__ = [
     "drain_reports",
     "get_checkpoint",
     "get_context",
+    "get_dataset_shard",
     "report",
     "run_loop",
 ]
@@ -76,6 +79,8 @@ class SessionSetup:
     restore: Checkpoint | None
     config: dict | None
     pass_config: bool
+    elastic: bool = False
+    datasets: dict[str, Any] | None = None  # this rank's shard of each dataset
 
 
 @dataclass
@@ -83,6 +88,11 @@ class _Session:
     context: TrainContext
     restore: Checkpoint | None
     store: CheckpointStore
+    setup: SessionSetup
+
+    def current_context(self) -> TrainContext:
+        """The context; in an elastic run it follows the ring's current generation."""
+        return _elastic_context(self.setup) if self.setup.elastic else self.context
 
 
 _lock = threading.Lock()
@@ -119,6 +129,26 @@ def _context_from(topology: Topology, setup: SessionSetup) -> TrainContext:
     )
 
 
+def _elastic_context(setup: SessionSetup) -> TrainContext:
+    """An elastic rank's place, read from the ``RING_*`` variables each generation sets."""
+    env = os.environ
+    if env.get("RING_ELASTIC_LATE") == "1":  # added, but not yet part of a ring
+        rank, size, local_rank, local_size, cross_rank = -1, 0, -1, 0, -1
+    else:
+        rank, size = int(env["RING_RANK"]), int(env["RING_SIZE"])
+        local_rank, local_size = int(env["RING_LOCAL_RANK"]), int(env["RING_LOCAL_SIZE"])
+        cross_rank = int(env["RING_CROSS_RANK"])
+    return TrainContext(
+        world_rank=rank,
+        world_size=size,
+        local_rank=local_rank,
+        local_world_size=local_size,
+        node_rank=cross_rank,
+        experiment_name=setup.experiment_name,
+        storage_path=setup.run_dir,
+    )
+
+
 def run_loop(loop: Callable, setup: SessionSetup) -> Any:
     """Run the user's loop on this worker inside a session (executed by the worker actor)."""
     global _session
@@ -128,6 +158,7 @@ def run_loop(loop: Callable, setup: SessionSetup) -> Any:
         _context_from(current_topology(), setup),
         setup.restore,
         CheckpointStore(setup.run_dir, setup.num_to_keep),
+        setup,
     )
     with _lock:
         _session = session
@@ -147,7 +178,7 @@ def report(metrics: dict, checkpoint: Checkpoint | None = None) -> None:
     session = _current("report")
     if not isinstance(metrics, dict) or not all(isinstance(k, str) for k in metrics):
         raise TypeError(f"report(metrics) takes a dict with str keys, got {metrics!r}")
-    if session.context.world_rank != 0:
+    if session.current_context().world_rank != 0:
         return
     persisted = session.store.persist(checkpoint) if checkpoint is not None else None
     _reports.put({"metrics": dict(metrics), "checkpoint": persisted})
@@ -160,7 +191,21 @@ def get_checkpoint() -> Checkpoint | None:
 
 def get_context() -> TrainContext:
     """This worker's rank, world size, local rank, node rank, run name and folder."""
-    return _current("get_context").context
+    return _current("get_context").current_context()
+
+
+def get_dataset_shard(name: str = "train") -> Any:
+    """This worker's shard of ``RingTrainer(datasets={name: ...})``: a Ray ``DataIterator``
+    (``iter_batches``, ``iter_torch_batches``, ``iter_rows``); iterate it once per epoch
+    on every worker."""
+    session = _current("get_dataset_shard")
+    shards = session.setup.datasets or {}
+    if name not in shards:
+        raise KeyError(
+            f"no dataset named {name!r} was given to RingTrainer(datasets=...); "
+            f"it has {sorted(shards)}"
+        )
+    return shards[name]
 
 
 def drain_reports() -> list[dict]:

@@ -16,7 +16,7 @@ import os
 import sys
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
@@ -56,8 +56,9 @@ class Result:
 class _Progress:
     """Rank 0's reports as they reach the driver: kept in order and, with verbose=1, printed."""
 
-    def __init__(self, verbose: int):
+    def __init__(self, verbose: int, on_report: Callable[[dict], None] | None = None):
         self.verbose = verbose
+        self.on_report = on_report  # e.g. forwarding to Ray Tune
         self.history: list[dict] = []
 
     def add(self, reports: list[dict]) -> None:
@@ -65,6 +66,8 @@ class _Progress:
             self.history.append(item["metrics"])
             if self.verbose:
                 print(self._line(len(self.history), item), file=sys.stdout, flush=True)
+            if self.on_report is not None:
+                self.on_report(item)
 
     @staticmethod
     def _line(iteration: int, item: dict) -> str:
@@ -120,10 +123,7 @@ class RingTrainer:
                 "train_loop_config was given but train_loop_per_worker takes no argument; "
                 "define it as train_loop_per_worker(config)"
             )
-        if datasets:
-            raise NotImplementedError(
-                "datasets= is not supported yet; read Parquet inside the loop through ringcore.data"
-            )
+        self.datasets = _check_datasets(datasets)
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = train_loop_config
         self.scaling_config = scaling_config if scaling_config is not None else ScalingConfig()
@@ -134,8 +134,25 @@ class RingTrainer:
         ):
             if not isinstance(value, cls):
                 raise TypeError(f"{name} must be a {cls.__name__}, got {type(value).__name__}")
+        if self.datasets and self.scaling_config.elastic:
+            raise ValueError(
+                f"datasets= cannot be split over an elastic group (num_workers="
+                f"{self.scaling_config.num_workers!r}); pass an integer num_workers, or read "
+                "Parquet inside the loop with ringcore.data and an ElasticSampler"
+            )
 
-    def fit(self) -> Result:
+    def as_trainable(self) -> Any:
+        """This trainer as a Ray Tune trainable: ``Tuner(trainer.as_trainable(), param_space=...)``.
+
+        Each trial runs ``fit()`` with ``train_loop_config`` updated by the trial's config,
+        its workers inside the trial's placement group; rank 0's reports reach Tune as
+        ``tune.report`` (with the checkpoint when one was reported).
+        """
+        from ._tune import trainable_of
+
+        return trainable_of(self)
+
+    def fit(self, _on_report: Callable[[dict], None] | None = None) -> Result:
         """Train; return the :class:`Result` or raise :class:`TrainingFailedError`."""
         if not ray.is_initialized():
             raise RingError(
@@ -149,16 +166,18 @@ class RingTrainer:
         run_dir = os.path.join(const.storage_path(self.run_config.storage_path), name)
         os.makedirs(run_dir, exist_ok=True)
         store = CheckpointStore(run_dir, self.run_config.checkpoint_config.num_to_keep)
-        progress = _Progress(self.run_config.verbose)
+        progress = _Progress(self.run_config.verbose, _on_report)
         max_failures = self.run_config.failure_config.max_failures
         failures = 0
         while True:
-            error = self._attempt(name, store, progress)
-            if error is None:
+            errors = self._attempt(name, store, progress)
+            if not errors:
                 break
             failures += 1
+            error = errors[0]
             if max_failures != -1 and failures > max_failures:
-                raise TrainingFailedError(error, failures, max_failures) from error
+                ordered = sorted(errors, key=lambda e: e.rank)
+                raise TrainingFailedError(error, failures, max_failures, ordered) from error
             self._announce_restart(error, failures, store.latest())
         last = progress.history[-1] if progress.history else None
         return Result(
@@ -189,6 +208,7 @@ class RingTrainer:
 
     def _executor(self) -> RayExecutor:
         sc = self.scaling_config
+        assert isinstance(sc.num_workers, int)
         return self.executor_cls(
             num_workers=sc.num_workers,
             cpus_per_worker=sc.cpus_per_worker,
@@ -198,35 +218,91 @@ class RingTrainer:
             placement_strategy=sc.placement_strategy,
         )
 
-    def _attempt(
-        self, name: str, store: CheckpointStore, progress: _Progress
-    ) -> WorkerError | None:
-        """One worker group from start to end; the failed rank's error, or None on success."""
-        setup = SessionSetup(
+    def _setup(self, name: str, store: CheckpointStore) -> SessionSetup:
+        return SessionSetup(
             experiment_name=name,
             run_dir=store.run_dir,
             num_to_keep=store.num_to_keep,
             restore=store.latest(),
             config=self.train_loop_config,
             pass_config=self._pass_config,
+            elastic=self.scaling_config.elastic,
         )
+
+    def _attempt(self, name: str, store: CheckpointStore, progress: _Progress) -> list[WorkerError]:
+        """One worker group from start to end; the failed ranks' errors (first failure
+        first), or [] on success."""
+        setup = self._setup(name, store)
         poll_s = const.get_float(
             const.REPORT_POLL_INTERVAL_ENV_VAR, const.DEFAULT_REPORT_POLL_INTERVAL_S
         )
+        if self.scaling_config.elastic:
+            from ._elastic_group import ElasticGroup
+
+            return ElasticGroup(self.scaling_config).run(
+                self.train_loop_per_worker, setup, progress.add, poll_s
+            )
         executor = self._executor()
         try:
             executor.start()
+            shards = _split(self.datasets, executor.num_workers)
             drain = _reports_of(executor.workers[0], progress)
-            refs = executor._submit("run", run_loop, (self.train_loop_per_worker, setup))
+            refs = [
+                worker.run.remote(
+                    run_loop,
+                    (self.train_loop_per_worker, replace(setup, datasets=shards[rank])),
+                )
+                for rank, worker in enumerate(executor.workers)
+            ]
             try:
                 executor._collect(refs, drain, poll_s)
+            except WorkerError as first:
+                return [first, *_other_errors(executor, refs, first.rank)]
             finally:
                 drain()  # what rank 0 reported just before a failure counts too
-            return None
+            return []
         except WorkerError as exc:
-            return exc
+            return [exc]
         finally:
             executor.shutdown()
+
+
+def _check_datasets(datasets: dict | None) -> dict:
+    if not datasets:
+        return {}
+    if not isinstance(datasets, dict):
+        raise TypeError(f"datasets must be a dict of name -> ray.data.Dataset, got {datasets!r}")
+    import ray.data
+
+    for key, ds in datasets.items():
+        if not isinstance(key, str) or not isinstance(ds, ray.data.Dataset):
+            raise TypeError(
+                f"datasets[{key!r}] is a {type(ds).__name__}; RingTrainer(datasets=...) takes "
+                "ray.data.Dataset values under str names (make one with ray.data.read_parquet, "
+                "ray.data.from_pandas, ...)"
+            )
+    return dict(datasets)
+
+
+def _split(datasets: dict, n: int) -> list[dict | None]:
+    """Per rank, its streaming shard of every dataset (``equal=True``: the same row count)."""
+    if not datasets:
+        return [None] * n
+    splits = {name: ds.streaming_split(n, equal=True) for name, ds in datasets.items()}
+    return [{name: parts[rank] for name, parts in splits.items()} for rank in range(n)]
+
+
+def _other_errors(executor: RayExecutor, refs: list, failed_rank: int) -> list[WorkerError]:
+    """The errors of the ranks that fail within a short grace after the first one."""
+    grace = const.get_float(const.FAILURE_GRACE_ENV_VAR, const.DEFAULT_FAILURE_GRACE_S)
+    others = {ref: rank for rank, ref in enumerate(refs) if rank != failed_rank}
+    ready, _ = ray.wait(list(others), num_returns=len(others), timeout=grace)
+    errors = []
+    for ref in ready:
+        kind, value = executor._resolve(ref, others[ref])
+        if kind == "error":
+            errors.append(value)
+    return errors
 
 
 def _reports_of(rank0: Any, progress: _Progress) -> Callable[[], None]:

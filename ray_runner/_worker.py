@@ -53,6 +53,16 @@ class RingWorker:
     def node_ip(self) -> str:
         return self.host
 
+    def node(self) -> tuple[str, str]:
+        """This actor's node: its IP and its Ray node id."""
+        return self.host, ray.get_runtime_context().get_node_id()
+
+    def gpu_ids(self) -> list:
+        return list(ray.get_gpu_ids())
+
+    def update_env(self, env: dict[str, str]) -> None:
+        os.environ.update(env)
+
     def start_store(self, world_size: int) -> Envelope:
         """Host the job's key-value store in this (rank 0) process; the envelope holds its port."""
         return self._guard(ringcore.start_store_server, host="0.0.0.0", world_size=world_size)
@@ -97,6 +107,11 @@ class RingWorker:
         if kind == "error":
             raise value
         return value
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def ping(self) -> bool:
+        """Answers while the function runs: the driver's check that this actor lives."""
+        return True
 
     @ray.method(concurrency_group=CONTROL_GROUP)
     def drain_reports(self) -> list[dict]:

@@ -3,6 +3,11 @@
 Two backends behind one small interface, used only from the engine's thread:
 Gloo (and NCCL on GPU) through ``torch.distributed``, and MPI through ``mpi4py``
 (under ``mpirun``). We write no transport: the ring algorithms are the libraries'.
+
+With NCCL the process group is ``cpu:gloo,cuda:nccl``: torch sends each tensor to
+the backend of its device. Where the data plane is CPU-only (Gloo without NCCL, MPI),
+:class:`HostStaged` copies each CUDA tensor to host memory, runs the collective
+there and copies the result back onto the tensor's device (see ``_gpu``).
 """
 
 from __future__ import annotations
@@ -13,18 +18,41 @@ import torch
 
 from ._ops import ReduceOp
 
-__all__ = ["MPIBackend", "TorchDistBackend"]
+__all__ = ["HostStaged", "MPIBackend", "TorchDistBackend", "torch_backend"]
+
+
+def torch_backend() -> Any:
+    """The backend over the default ``torch.distributed`` group: CUDA tensors go through
+    the group when it has a CUDA backend that is not Gloo (NCCL), else via host memory."""
+    backend = TorchDistBackend()
+    return backend if backend.cuda_native else HostStaged(backend)
+
+
+def _backend_config(dist: Any) -> dict[str, str]:
+    """``{"cpu": "gloo", "cuda": "nccl"}`` from the default group's configuration."""
+    pairs = [p.split(":", 1) for p in str(dist.get_backend_config()).split(",") if ":" in p]
+    return {device.strip(): name.strip() for device, name in pairs}
 
 
 class TorchDistBackend:
     """Collectives through ``torch.distributed`` (the default process group and
-    groups made with ``new_group``)."""
+    groups made with ``new_group``).
+
+    ``name`` is "nccl" when CUDA tensors travel through NCCL, else the group's backend.
+    A group adopted from the user with no CPU backend (``init_process_group("nccl")``)
+    gets a Gloo side group for CPU tensors.
+    """
 
     def __init__(self) -> None:
         import torch.distributed as dist
 
         self.dist = dist
-        self.name = dist.get_backend()
+        config = _backend_config(dist)
+        self.cuda_native = config.get("cuda", "gloo") not in ("gloo", "")
+        self.name = "nccl" if config.get("cuda") == "nccl" else str(dist.get_backend())
+        self._cpu_groups: dict[Any, Any] | None = None
+        if "cpu" not in config:
+            self._cpu_groups = {None: dist.new_group(backend="gloo")}
         self._ops = {
             ReduceOp.Sum: dist.ReduceOp.SUM,
             ReduceOp.Average: dist.ReduceOp.SUM,
@@ -33,10 +61,18 @@ class TorchDistBackend:
             ReduceOp.Product: dist.ReduceOp.PRODUCT,
         }
 
+    def _for(self, t: torch.Tensor, group: Any) -> Any:
+        """The group to move ``t`` through (the Gloo side group for a CPU tensor when the
+        adopted group is CUDA-only)."""
+        if self._cpu_groups is None or t.is_cuda:
+            return group
+        return self._cpu_groups[group]
+
     def allreduce(self, t: torch.Tensor, op: ReduceOp, group: Any) -> None:
-        self.dist.all_reduce(t, op=self._ops[op], group=group)
+        self.dist.all_reduce(t, op=self._ops[op], group=self._for(t, group))
 
     def allgather(self, t: torch.Tensor, dims: list[int], group: Any) -> torch.Tensor:
+        group = self._for(t, group)
         longest = max(dims)
         x = (
             t
@@ -48,14 +84,14 @@ class TorchDistBackend:
         return torch.cat([p[:d] for p, d in zip(parts, dims)])
 
     def broadcast(self, t: torch.Tensor, root: int, members: list[int], group: Any) -> None:
-        self.dist.broadcast(t, src=root, group=group)
+        self.dist.broadcast(t, src=root, group=self._for(t, group))
 
     def alltoall(
         self, t: torch.Tensor, send: list[int], recv: list[int], group: Any
     ) -> torch.Tensor:
         out = t.new_empty((sum(recv), *t.shape[1:]))
         self.dist.all_to_all_single(
-            out, t, output_split_sizes=recv, input_split_sizes=send, group=group
+            out, t, output_split_sizes=recv, input_split_sizes=send, group=self._for(t, group)
         )
         return out
 
@@ -63,6 +99,7 @@ class TorchDistBackend:
         self.dist.barrier(group=group)
 
     def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, group: Any) -> None:
+        group = self._for(send, group)
         ops = [
             self.dist.P2POp(self.dist.isend, send, peer, group),
             self.dist.P2POp(self.dist.irecv, recv, peer, group),
@@ -71,12 +108,77 @@ class TorchDistBackend:
             work.wait()
 
     def new_group(self, ranks: list[int], size: int) -> Any:
-        return self.dist.new_group(ranks) if len(ranks) < size else None
+        if len(ranks) == size:
+            return None
+        group = self.dist.new_group(ranks)
+        if self._cpu_groups is not None:
+            self._cpu_groups[group] = self.dist.new_group(ranks, backend="gloo")
+        return group
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:
         box = [obj]
         self.dist.broadcast_object_list(box, src=root)
         return box[0]
+
+
+class HostStaged:
+    """A CPU-only backend (Gloo without NCCL, MPI) that also takes CUDA tensors.
+
+    Each collective on a CUDA tensor copies it to host memory, runs the inner
+    backend there, and copies the result back onto the tensor's device: one
+    device-to-host and one host-to-device copy per op (a fused allreduce is one op),
+    and the copies synchronize the engine's stream with the host. CPU tensors pass
+    through untouched.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def allreduce(self, t: torch.Tensor, op: ReduceOp, group: Any) -> None:
+        if not t.is_cuda:
+            return self.inner.allreduce(t, op, group)
+        host = t.cpu()
+        self.inner.allreduce(host, op, group)
+        t.copy_(host)
+        return None
+
+    def allgather(self, t: torch.Tensor, dims: list[int], group: Any) -> torch.Tensor:
+        if not t.is_cuda:
+            return self.inner.allgather(t, dims, group)
+        return self.inner.allgather(t.cpu(), dims, group).to(t.device)
+
+    def broadcast(self, t: torch.Tensor, root: int, members: list[int], group: Any) -> None:
+        if not t.is_cuda:
+            return self.inner.broadcast(t, root, members, group)
+        host = t.cpu()
+        self.inner.broadcast(host, root, members, group)
+        t.copy_(host)
+        return None
+
+    def alltoall(
+        self, t: torch.Tensor, send: list[int], recv: list[int], group: Any
+    ) -> torch.Tensor:
+        if not t.is_cuda:
+            return self.inner.alltoall(t, send, recv, group)
+        return self.inner.alltoall(t.cpu(), send, recv, group).to(t.device)
+
+    def barrier(self, group: Any) -> None:
+        self.inner.barrier(group)
+
+    def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, group: Any) -> None:
+        if not (send.is_cuda or recv.is_cuda):
+            return self.inner.exchange(send, recv, peer, group)
+        host = recv.cpu()
+        self.inner.exchange(send.cpu(), host, peer, group)
+        recv.copy_(host)
+        return None
+
+    def new_group(self, ranks: list[int], size: int) -> Any:
+        return self.inner.new_group(ranks, size)
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
+        return self.inner.broadcast_object(obj, root)
 
 
 class MPIBackend:

@@ -37,8 +37,16 @@ DEFAULT_BACKEND = "gloo"
 START_TIMEOUT_ENV_VAR = "RING_START_TIMEOUT"
 DEFAULT_START_TIMEOUT_S = 120.0
 
+# How long one Gloo operation may wait for a peer. A dead peer is noticed at once (its
+# sockets close, its control connection too); this bounds a peer that hangs without
+# closing anything (stopped process, unplugged host). Horovod's default is 30 s.
 GLOO_TIMEOUT_ENV_VAR = "RING_GLOO_TIMEOUT_SECONDS"
-DEFAULT_GLOO_TIMEOUT_S = 300.0
+DEFAULT_GLOO_TIMEOUT_S = 60.0
+
+# The per-job secret that authenticates the engine's control connections (HMAC-SHA256).
+# Our launchers set it; without it, rank 0 makes one and sends it to the ranks over the
+# backend (see docs/status.md, "Trust model").
+SECRET_KEY_ENV_VAR = "RING_SECRET_KEY"
 
 LOG_LEVEL_ENV_VAR = "RING_LOG_LEVEL"
 

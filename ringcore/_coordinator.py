@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import selectors
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
 
-from ._wire import Channel
+from ._auth import AuthenticationError
+from ._wire import HANDSHAKE_TIMEOUT_S, Channel, accept_handshake
 
 log = logging.getLogger("ringtrain.ringcore.coordinator")
 
@@ -64,11 +66,20 @@ class CoordinatorConfig:
     stall_check_enabled: bool = True
     autotune: bool = False
     autotune_log: str | None = None
+    start_timeout_s: float = 120.0
 
 
 class Coordinator:
-    def __init__(self, config: CoordinatorConfig, host: str = "0.0.0.0"):
+    """Rank 0's decision thread. ``secret``: the job's secret every rank must prove it
+    knows (kept in a private attribute, never logged or shown by a repr)."""
+
+    def __init__(self, config: CoordinatorConfig, secret: str, host: str = "0.0.0.0"):
+        if not secret:
+            raise ValueError("the coordinator needs the job's secret (got an empty one)")
         self.cfg = config
+        self._secret = secret
+        self.refused = 0  # connections that failed the handshake (tests read it)
+        self._handshaking: set[socket.socket] = set()
         self.server = socket.create_server((host, 0), backlog=max(config.size, 8))
         self.port = self.server.getsockname()[1]
         self.channels: dict[int, Channel] = {}
@@ -95,36 +106,85 @@ class Coordinator:
         self.thread.start()
 
     def _accept_all(self, timeout_s: float) -> None:
-        self.server.settimeout(timeout_s)
-        while len(self.channels) < self.cfg.size:
-            sock, _ = self.server.accept()
-            sock.settimeout(timeout_s)
-            ch = Channel(sock)
-            hello = ch.recv()
-            if (
-                not isinstance(hello, dict)
-                or hello.get("t") != "hello"
-                or not isinstance(hello.get("rank"), int)
-            ):
-                ch.close()
-                continue
-            sock.settimeout(None)
-            self.channels[hello["rank"]] = ch
-        self.server.close()
+        """Accept until every rank has connected and passed the handshake.
+
+        Handshakes run in their own short-lived threads, so a peer that connects and
+        says nothing cannot hold up the ranks behind it; a peer that fails the
+        handshake is closed and nothing it sent is read."""
+        deadline = time.monotonic() + timeout_s
+        done: queue.Queue[tuple[int, Channel]] = queue.Queue()
+        self.server.settimeout(0.2)
+        try:
+            while len(self.channels) < self.cfg.size:
+                while not done.empty():
+                    self._admit(*done.get())
+                if len(self.channels) == self.cfg.size:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [r for r in range(self.cfg.size) if r not in self.channels]
+                    raise TimeoutError(
+                        f"ranks {missing} of {self.cfg.size} did not connect to the coordinator "
+                        f"within {timeout_s:.0f} s"
+                    )
+                try:
+                    sock, peer = self.server.accept()
+                except TimeoutError:
+                    continue
+                self._handshaking.add(sock)
+                threading.Thread(
+                    target=self._handshake,
+                    args=(sock, peer, min(HANDSHAKE_TIMEOUT_S, left), done),
+                    name="ringcore-handshake",
+                    daemon=True,
+                ).start()
+        finally:
+            self.server.close()
+            for sock in list(self._handshaking):  # strangers still talking: hang up
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def _handshake(self, sock: socket.socket, peer: object, timeout_s: float, done) -> None:
+        try:
+            admitted = accept_handshake(sock, self._secret, timeout_s)
+        except AuthenticationError as exc:
+            self.refused += 1
+            log.warning("coordinator refused a connection: %s", exc)
+            return
+        finally:
+            self._handshaking.discard(sock)  # before put(): an admitted rank is never hung up
+        done.put(admitted)
+
+    def _admit(self, rank: int, ch: Channel) -> None:
+        if not 0 <= rank < self.cfg.size or rank in self.channels:
+            log.warning("coordinator refused a second or unknown rank %d from %r", rank, ch)
+            self.refused += 1
+            ch.close()
+            return
+        self.channels[rank] = ch
 
     def _serve(self) -> None:
         try:
-            self._accept_all(timeout_s=600.0)
+            self._accept_all(timeout_s=self.cfg.start_timeout_s)
         except OSError as exc:
             log.error("coordinator: ranks did not all connect: %s", exc)
             self._abort(f"not every rank connected to the coordinator ({exc})")
+            for ch in self.channels.values():
+                ch.close()
             return
         sel = selectors.DefaultSelector()
         for rank, ch in self.channels.items():
             sel.register(ch.sock, selectors.EVENT_READ, rank)
-        for rank, ch in self.channels.items():  # what arrived together with the hello
-            for msg in ch.buffered():
+        lost: list[int] = []
+        for rank, ch in self.channels.items():  # what arrived together with the handshake
+            messages, ok = ch.buffered()
+            for msg in messages:
                 self._handle(rank, msg)
+            if not ok:
+                lost.append(rank)
+        for rank in lost:
+            sel.unregister(self.channels[rank].sock)
+            self._lose(rank)
         last_stall_check = time.monotonic()
         while len(self.gone) < self.cfg.size:
             events = sel.select(timeout=self._select_timeout())
@@ -135,11 +195,7 @@ class Coordinator:
                     self._handle(rank, msg)
                 if not alive:
                     sel.unregister(key.fileobj)
-                    if rank not in self.gone:
-                        self.gone.add(rank)
-                        self._abort(
-                            f"rank {rank} lost its control connection (the process died or its host is unreachable)"
-                        )
+                    self._lose(rank)
             self._flush_if_due()
             now = time.monotonic()
             if self.cfg.stall_check_enabled and now - last_stall_check >= min(
@@ -150,6 +206,20 @@ class Coordinator:
         sel.close()
         for ch in self.channels.values():
             ch.close()
+
+    def _lose(self, rank: int) -> None:
+        ch = self.channels[rank]
+        if ch.error is not None:
+            log.error("coordinator: dropping rank %d: %s", rank, ch.error)
+        if rank not in self.gone:
+            self.gone.add(rank)
+            why = (
+                "sent a message that failed its HMAC check"
+                if isinstance(ch.error, AuthenticationError)
+                else "lost its control connection (the process died or its host is unreachable)"
+            )
+            self._abort(f"rank {rank} {why}")
+        ch.close()
 
     def _select_timeout(self) -> float:
         if self.ready and self.ready_since is not None:
@@ -409,6 +479,7 @@ def _allreduce_item(req: dict, ps: int) -> dict:
         "o": req["o"],
         "pre": req["pre"],
         "post": req["post"],
+        "dev": req["dev"],  # a joined rank makes its zeros on this device type
         "e": [],
         "bytes": 0,
     }

@@ -102,6 +102,13 @@ def next_generation() -> None:
     _set_world(g, world)
 
 
+def forget_job() -> None:
+    """Drop this process's link to a finished elastic job (its store client and
+    generation), so that a reused process (a Spark Python worker) can join another."""
+    global _client, _my_generation
+    _client, _my_generation = None, 0
+
+
 def join_late() -> None:
     """A worker started after the job began: wait for the generation that lists it and
     set the environment so that ``init()`` joins that ring."""
@@ -113,6 +120,8 @@ def join_late() -> None:
         g = generation()
         if g > 0:
             world = json.loads(_store().get(f"elastic/world/{g}"))
+            if world.get("abort"):
+                raise RingError(world["abort"])
             if me in world.get("workers", []):
                 break
         if time.monotonic() > deadline:
@@ -160,6 +169,18 @@ class ElasticDriver:
         if missing:
             raise RuntimeError(f"workers {missing} are not running")
         self._publish(live_ids, live_hosts)
+
+    def publish(self, ids: list[str], hosts: list[str]) -> None:
+        """Publish a generation of exactly these workers (a launcher that decides the
+        members itself, e.g. the Spark driver forming the first ring)."""
+        self._publish(ids, hosts)
+
+    def abort(self, reason: str) -> None:
+        """Publish a last generation that tells every waiting worker to stop with ``reason``."""
+        self.generation += 1
+        self.store.set(f"elastic/world/{self.generation}", json.dumps({"abort": reason}))
+        self.store.add(GEN_KEY, 1)
+        self.members = []
 
     def _publish(self, ids: list[str], hosts: list[str]) -> None:
         self.generation += 1

@@ -20,11 +20,12 @@ from typing import Any
 
 import torch
 
-from . import _adasum
-from ._errors import CollectiveMismatchError, RingInternalError
+from . import _adasum, _gpu
+from ._auth import AuthenticationError
+from ._errors import CollectiveMismatchError, RendezvousError, RingInternalError
 from ._ops import ReduceOp
 from ._timeline import Timeline
-from ._wire import Channel
+from ._wire import HANDSHAKE_TIMEOUT_S, connect_handshake
 
 log = logging.getLogger("ringtrain.ringcore.engine")
 
@@ -60,6 +61,7 @@ class Handle:
     finish: Any = None  # callable(result) -> user result
     submitted: float = field(default_factory=time.perf_counter)
     sig: tuple | None = None  # the request's signature, for the response cache
+    event: Any = None  # CUDA: ready on the submitting stream after this event (see _gpu)
 
     def resolve(self, result: Any = None, error: BaseException | None = None) -> None:
         self.result, self.error = result, error
@@ -76,14 +78,26 @@ class Engine:
         timeline: Timeline,
         connect_timeout_s: float = 120.0,
         cycle_time_s: float = 0.001,
+        *,
+        secret: str,
     ):
         self.backend = backend
         self.rank, self.size = rank, size
         self.timeline = timeline
-        sock = socket.create_connection(coordinator_addr, timeout=connect_timeout_s)
-        sock.settimeout(None)
-        self.channel = Channel(sock)
-        self.channel.send({"t": "hello", "rank": rank})
+        host, port = coordinator_addr
+        try:
+            sock = socket.create_connection(coordinator_addr, timeout=connect_timeout_s)
+            self.channel = connect_handshake(
+                sock, secret, rank, timeout_s=min(connect_timeout_s, HANDSHAKE_TIMEOUT_S * 3)
+            )
+        except AuthenticationError as exc:
+            raise RendezvousError(f"rank {rank}: {exc}") from None
+        except OSError as exc:
+            raise RendezvousError(
+                f"rank {rank} could not reach the coordinator (rank 0) at {host}:{port} within "
+                f"{connect_timeout_s:.0f} s ({type(exc).__name__}: {exc}). Check that the port "
+                "is reachable from this host, or raise RING_START_TIMEOUT."
+            ) from None
         self._lock = threading.Lock()
         self.pending: dict[tuple[int, str], Handle] = {}
         self.cache: dict[tuple[int, str], tuple[int, tuple]] = {}
@@ -136,6 +150,7 @@ class Engine:
                         "for it or give the new one another name"
                     )
                 self.pending[key] = handle
+                _gpu.mark_ready(handle)
                 self.outbox.append(self._compact(key, req, handle))
             if len(self.outbox) == len(items):  # the outbox was empty: wake the sender
                 self._outbox_ready.notify()
@@ -267,7 +282,8 @@ class Engine:
             return
         try:
             run = getattr(self, f"_run_{kind}")
-            run(item, handles)
+            with _gpu.device_scope(handles):  # CUDA: on the side stream, after the producers
+                run(item, handles)
         except Exception as exc:
             err = RingInternalError(
                 f"{kind} of {[e['n'] for e in item['e']]} failed on rank {self.rank}: "
@@ -294,7 +310,9 @@ class Engine:
             self.timeline.span(name, phase, start, end)
 
     # -- the ops ------------------------------------------------------------------
-    def _neutral(self, entry: dict, dtype: torch.dtype, op: int) -> torch.Tensor:
+    def _neutral(
+        self, entry: dict, dtype: torch.dtype, op: int, dev: str | None = None
+    ) -> torch.Tensor:
         shape = entry["s"]
         if op == ReduceOp.Min:
             fill = torch.finfo(dtype).max if dtype.is_floating_point else torch.iinfo(dtype).max
@@ -304,7 +322,7 @@ class Engine:
             fill = 1
         else:
             fill = 0
-        return torch.full(shape, fill, dtype=dtype)
+        return torch.full(shape, fill, dtype=dtype, device=_gpu.device_of_type(dev))
 
     def _run_allreduce(self, item: dict, handles: list[Handle | None]) -> None:
         t_start = time.perf_counter()
@@ -312,7 +330,9 @@ class Engine:
         n = len(self.members[item["ps"]])
         dtype = getattr(torch, item["d"])
         bufs: list[torch.Tensor] = [
-            h.tensor if h is not None and h.tensor is not None else self._neutral(e, dtype, op)
+            h.tensor
+            if h is not None and h.tensor is not None
+            else self._neutral(e, dtype, op, item.get("dev"))
             for h, e in zip(handles, item["e"])
         ]
         for h, e in zip(handles, item["e"]):

@@ -8,6 +8,7 @@
     ├── RingInternalError          a collective could not complete (alias HorovodInternalError)
     ├── CollectiveMismatchError    ranks disagree on a collective (shape, dtype, op, root)
     ├── WorkerError                a worker raised; carries its rank, host and traceback
+    ├── GpuUnavailableError        GPU work asked for without a usable CUDA device (in _gpu)
     └── StackError                 installed packages that do not work together
 
 Every exception pickles with its fields intact (``__reduce__``) so that a worker's

@@ -38,9 +38,19 @@ class Rendezvous:
 
 
 def worker_env(
-    topology: Topology, store_addr: str, store_port: int, *, external_store: bool = False
+    topology: Topology,
+    store_addr: str,
+    store_port: int,
+    *,
+    external_store: bool = False,
+    secret: str | None = None,
 ) -> dict[str, str]:
-    """The variables a launcher sets for one rank so that ``ringcore.init()`` needs nothing else."""
+    """The variables a launcher sets for one rank so that ``ringcore.init()`` needs nothing else.
+
+    ``secret``: the job's secret (one per job, the same for every rank, e.g.
+    ``secrets.token_hex(32)``); it authenticates the engine's control connections. Keep
+    the returned dict out of logs.
+    """
     env = {
         cfg.RANK_ENV_VAR: str(topology.rank),
         cfg.SIZE_ENV_VAR: str(topology.size),
@@ -54,6 +64,8 @@ def worker_env(
     }
     if topology.hosts:
         env[cfg.HOSTNAME_ENV_VAR] = topology.hosts[topology.rank]
+    if secret:
+        env[cfg.SECRET_KEY_ENV_VAR] = secret
     return env
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _config as cfg
+from ._auth import job_secret, new_secret
 from ._errors import NotInitializedError, RendezvousError
 from ._rendezvous import Rendezvous, hosted_store, read_environment
 from ._timeline import Timeline
@@ -85,6 +86,28 @@ def _open_store(rdv: Rendezvous, timeout: datetime.timedelta) -> Any:
         ) from exc
 
 
+def _await_ranks(store: Any, rdv: Rendezvous, timeout: datetime.timedelta) -> None:
+    """Every rank checks in at the store; when one never arrives, the others fail
+    within ``timeout`` with a message naming it (not the backend's own timeout)."""
+    topo = rdv.topology
+    if topo.size == 1:
+        return
+    keys = [f"arrived/{r}" for r in range(topo.size)]
+    store.set(keys[topo.rank], "1")
+    try:
+        store.wait(keys, timeout)
+        return
+    except Exception:  # torch raises DistStoreError / RuntimeError on timeout
+        missing = [r for r, key in enumerate(keys) if not store.check([key])]
+    if not missing:
+        return
+    raise RendezvousError(
+        f"rank {topo.rank} of {topo.size}: ranks {missing} did not arrive at the rendezvous "
+        f"(store {rdv.store_addr}:{rdv.store_port}) within {timeout.total_seconds():.0f} s. "
+        f"Check that those ranks started (see their output), or raise {cfg.START_TIMEOUT_ENV_VAR}."
+    ) from None
+
+
 def init(comm: Any = None, process_sets: Any = None) -> None:
     """Join the job described by the environment. Idempotent; works again after shutdown().
 
@@ -124,20 +147,20 @@ def _init_locked(process_sets: Any) -> None:
     backend_name = (
         cfg.get_env(cfg.BACKEND_ENV_VAR) or ("mpi" if rdv.source == "mpi" else cfg.DEFAULT_BACKEND)
     ).lower()
-    if backend_name not in ("gloo", "mpi"):
+    if backend_name not in ("gloo", "nccl", "mpi"):
         raise ValueError(
-            f"{cfg.BACKEND_ENV_VAR}={backend_name!r} is not a backend; use 'gloo' or 'mpi'."
+            f"{cfg.BACKEND_ENV_VAR}={backend_name!r} is not a backend; use 'gloo', 'nccl' or 'mpi'."
         )
     if backend_name == "mpi":
         if rdv.source != "mpi":
             raise RendezvousError(
                 f"{cfg.BACKEND_ENV_VAR}=mpi needs the job to be launched by mpirun (no MPI environment found)"
             )
-        from ._backends import MPIBackend
+        from ._backends import HostStaged, MPIBackend
 
         _state = _State(topo, rdv, None, owns_process_group=False)
         try:
-            _start_engine(_state, process_sets, MPIBackend())
+            _start_engine(_state, process_sets, HostStaged(MPIBackend()))
         except BaseException:
             _state = None
             raise
@@ -167,18 +190,21 @@ def _init_locked(process_sets: Any) -> None:
         return
     if _is_loopback(rdv.store_addr):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    backend = "gloo"
     store = _open_store(rdv, start_timeout)
     _generation += 1
     prefix = os.environ.get(cfg.STORE_PREFIX_ENV_VAR) or f"ringcore/{_generation}"
     prefixed = dist.PrefixStore(prefix, store)
+    _await_ranks(prefixed, rdv, start_timeout)
+    from ._gpu import plan  # gloo, or cpu:gloo,cuda:nccl with this rank's GPU pinned
+
+    backend = plan(topo, prefixed).process_group or "gloo"
     try:
         dist.init_process_group(
             backend, store=prefixed, rank=topo.rank, world_size=topo.size, timeout=op_timeout
         )
     except Exception as exc:
         raise RendezvousError(
-            f"rank {topo.rank} of {topo.size} could not form the Gloo ring through "
+            f"rank {topo.rank} of {topo.size} could not form the {backend} ring through "
             f"{rdv.store_addr}:{rdv.store_port} ({type(exc).__name__}: {exc})."
         ) from exc
     _state = _State(topo, rdv, store, owns_process_group=True)
@@ -206,9 +232,9 @@ def _advertised_address(rdv: Rendezvous) -> str:
 
 
 def _torch_backend() -> Any:
-    from ._backends import TorchDistBackend
+    from ._backends import torch_backend
 
-    return TorchDistBackend()
+    return torch_backend()
 
 
 def _gloo_under_mpi(rdv: Rendezvous) -> Rendezvous:
@@ -233,7 +259,9 @@ def _start_engine(state: _State, process_sets: Any, backend: Any) -> None:
     from ._engine import Engine
 
     topo = state.topology
-    address = [""]
+    timeout = cfg.get_float(cfg.START_TIMEOUT_ENV_VAR, cfg.DEFAULT_START_TIMEOUT_S)
+    secret = job_secret()
+    offer: dict[str, Any] = {}
     if topo.rank == 0:
         conf = CoordinatorConfig(
             size=topo.size,
@@ -251,15 +279,27 @@ def _start_engine(state: _State, process_sets: Any, backend: Any) -> None:
             stall_check_enabled=not cfg.get_bool(cfg.STALL_CHECK_DISABLE_ENV_VAR),
             autotune=cfg.get_bool(cfg.AUTOTUNE_ENV_VAR),
             autotune_log=cfg.get_env(cfg.AUTOTUNE_LOG_ENV_VAR),
+            start_timeout_s=timeout,
         )
         advertised = _advertised_address(state.rendezvous)
+        made = None if secret else new_secret()
         state.coordinator = Coordinator(
-            conf, host="127.0.0.1" if _is_loopback(advertised) else "0.0.0.0"
+            conf,
+            secret=secret or made,  # type: ignore[arg-type]
+            host="127.0.0.1" if _is_loopback(advertised) else "0.0.0.0",
         )
         state.coordinator.start()
-        address[0] = f"{advertised}:{state.coordinator.port}"
-    host, port = backend.broadcast_object(address[0], 0).rsplit(":", 1)
-    timeout = cfg.get_float(cfg.START_TIMEOUT_ENV_VAR, cfg.DEFAULT_START_TIMEOUT_S)
+        # Without RING_SECRET_KEY rank 0's fresh secret goes to the ranks over the
+        # backend (Gloo's connections, never the store); see "Trust model".
+        offer = {"addr": f"{advertised}:{state.coordinator.port}", "secret": made}
+    offer = backend.broadcast_object(offer, 0)
+    host, port = offer["addr"].rsplit(":", 1)
+    secret = offer["secret"] or secret
+    if secret is None:
+        raise RendezvousError(
+            f"rank {topo.rank}: rank 0 has {cfg.SECRET_KEY_ENV_VAR} set but this rank has not. "
+            f"Launch every rank with the same {cfg.SECRET_KEY_ENV_VAR}, or unset it everywhere."
+        )
     state.engine = Engine(
         backend,
         topo.rank,
@@ -268,6 +308,7 @@ def _start_engine(state: _State, process_sets: Any, backend: Any) -> None:
         _timeline,
         connect_timeout_s=timeout,
         cycle_time_s=cfg.get_float(cfg.CYCLE_TIME_ENV_VAR, cfg.DEFAULT_CYCLE_TIME_MS) / 1000.0,
+        secret=secret,
     )
     state.dynamic_process_sets = process_sets == "dynamic" or cfg.get_bool(
         cfg.DYNAMIC_PROCESS_SETS_ENV_VAR

@@ -1,36 +1,84 @@
-"""Framing for the engine's control messages: length-prefixed JSON over TCP.
+"""Framing for the engine's control messages: length-prefixed JSON over TCP, with an HMAC.
 
 Control messages are small (names, shapes, dtypes); they are JSON, never pickles, so
 a peer can make us parse but never execute. Bulk tensor data never travels here: it
 goes through the backend (Gloo, MPI).
+
+Every connection starts with a handshake that proves both sides know the job's secret
+(``_auth``) without sending it: the coordinator sends a random challenge, the rank
+answers ``HMAC(secret, challenge, its nonce, its rank)``, the coordinator answers with
+an HMAC over both nonces. Only then is anything else read, and from then on every
+frame carries ``HMAC(session key, direction, sequence number, payload)``: a message
+that fails it closes the connection, so a stranger can neither join nor inject nor
+replay. Before the handshake completes a peer may send at most ``HANDSHAKE_MAX``
+bytes of JSON per frame.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
 import socket
 import struct
 import threading
 from typing import Any
 
+from ._auth import AuthenticationError, mac, new_nonce, session_key, verify
+
 _HEADER = struct.Struct("!I")
+_SEQ = struct.Struct("!Q")
+_TAG = 32  # bytes of an HMAC-SHA256
 MAX_MESSAGE = 64 << 20
+HANDSHAKE_MAX = 4096
+HANDSHAKE_TIMEOUT_S = 10.0
+PROTOCOL = 1
 
 
 class Channel:
     """One TCP connection carrying whole JSON messages; ``send`` is thread-safe."""
 
-    def __init__(self, sock: socket.socket):
+    def __init__(self, sock: socket.socket, max_message: int = MAX_MESSAGE):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock = sock
+        self.max_message = max_message
         self._send_lock = threading.Lock()
         self._buf = bytearray()
+        self._key: bytes | None = None
+        self._out_dir, self._in_dir = b"", b""
+        self._out_seq = self._in_seq = 0
+        self.error: BaseException | None = None  # why the last drain stopped, if it did
+
+    def __repr__(self) -> str:  # never shows a key
+        return f"Channel(fd={self.sock.fileno()}, authenticated={self._key is not None})"
+
+    def sign_with(self, key: bytes, *, send_dir: bytes, recv_dir: bytes) -> None:
+        """From now on every frame sent carries an HMAC, and every frame read must."""
+        self._key, self._out_dir, self._in_dir = key, send_dir, recv_dir
 
     def send(self, message: Any) -> None:
         data = json.dumps(message, separators=(",", ":")).encode()
         with self._send_lock:
+            if self._key is not None:
+                seq = _SEQ.pack(self._out_seq)
+                self._out_seq += 1
+                data = hmac.digest(self._key, self._out_dir + seq + data, hashlib.sha256) + data
             self.sock.sendall(_HEADER.pack(len(data)) + data)
+
+    def _decode(self, frame: bytes) -> Any:
+        if self._key is not None:
+            tag, data = frame[:_TAG], frame[_TAG:]
+            seq = _SEQ.pack(self._in_seq)
+            expected = hmac.digest(self._key, self._in_dir + seq + data, hashlib.sha256)
+            if not hmac.compare_digest(tag, expected):
+                raise AuthenticationError(
+                    f"a control message from {_peer(self.sock)} failed its HMAC check "
+                    "(forged, replayed or corrupted); closing the connection"
+                )
+            self._in_seq += 1
+            frame = data
+        return json.loads(frame)
 
     def _fill(self, n: int) -> bool:
         while len(self._buf) < n:
@@ -40,48 +88,170 @@ class Channel:
             self._buf += chunk
         return True
 
+    def _frame_size(self) -> int:
+        (n,) = _HEADER.unpack_from(self._buf)
+        if n > self.max_message:
+            raise ConnectionError(
+                f"control message of {n} bytes from {_peer(self.sock)} exceeds {self.max_message}"
+            )
+        return n
+
     def recv(self) -> Any | None:
         """The next message, or None when the peer closed the connection."""
         if not self._fill(_HEADER.size):
             return None
-        (n,) = _HEADER.unpack_from(self._buf)
-        if n > MAX_MESSAGE:
-            raise ConnectionError(f"control message of {n} bytes exceeds {MAX_MESSAGE}")
+        n = self._frame_size()
         if not self._fill(_HEADER.size + n):
             return None
         data = bytes(self._buf[_HEADER.size : _HEADER.size + n])
         del self._buf[: _HEADER.size + n]
-        return json.loads(data)
+        return self._decode(data)
 
     def recv_available(self) -> tuple[list[Any], bool]:
         """Messages readable now without blocking (after select said readable); and
-        whether the peer is still connected."""
+        whether the peer is still connected (False also after a frame failed its HMAC)."""
         try:
             chunk = self.sock.recv(1 << 20)
         except BlockingIOError:
             return [], True
         except ConnectionError:
-            return self._drain(), False
+            return self._drain()[0], False
         if not chunk:
-            return self._drain(), False
+            return self._drain()[0], False
         self._buf += chunk
-        return self._drain(), True
-
-    def buffered(self) -> list[Any]:
-        """Whole messages already read from the socket but not yet returned."""
         return self._drain()
 
-    def _drain(self) -> list[Any]:
+    def buffered(self) -> tuple[list[Any], bool]:
+        """Whole messages already read from the socket but not yet returned; and False
+        when one failed its check."""
+        return self._drain()
+
+    def _drain(self) -> tuple[list[Any], bool]:
         out = []
-        while len(self._buf) >= _HEADER.size:
-            (n,) = _HEADER.unpack_from(self._buf)
-            if len(self._buf) < _HEADER.size + n:
-                break
-            out.append(json.loads(bytes(self._buf[_HEADER.size : _HEADER.size + n])))
-            del self._buf[: _HEADER.size + n]
-        return out
+        try:
+            while len(self._buf) >= _HEADER.size:
+                n = self._frame_size()
+                if len(self._buf) < _HEADER.size + n:
+                    break
+                frame = bytes(self._buf[_HEADER.size : _HEADER.size + n])
+                del self._buf[: _HEADER.size + n]
+                out.append(self._decode(frame))
+        except (ConnectionError, ValueError) as exc:
+            self.error = exc
+            self._buf.clear()
+            return out, False
+        return out, True
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+
+
+def _peer(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getpeername()[:2]
+        return f"{host}:{port}"
+    except OSError:
+        return "a closed peer"
+
+
+def _hello_mac(secret: str, server_nonce: str, client_nonce: str, rank: int) -> str:
+    return mac(secret, "ringcore/hello", server_nonce, client_nonce, str(rank)).hex()
+
+
+def _welcome_mac(secret: str, server_nonce: str, client_nonce: str, rank: int) -> str:
+    return mac(secret, "ringcore/welcome", server_nonce, client_nonce, str(rank)).hex()
+
+
+def accept_handshake(
+    sock: socket.socket, secret: str, timeout_s: float = HANDSHAKE_TIMEOUT_S
+) -> tuple[int, Channel]:
+    """The coordinator's side: challenge the peer; its rank and a signed channel, or
+    :class:`AuthenticationError` (the socket is then closed, nothing it sent was used)."""
+    peer = _peer(sock)
+    sock.settimeout(timeout_s)
+    ch = Channel(sock, max_message=HANDSHAKE_MAX)
+    server_nonce = new_nonce()
+    try:
+        ch.send({"t": "challenge", "v": PROTOCOL, "nonce": server_nonce})
+        hello = ch.recv()
+        rank = hello.get("rank") if isinstance(hello, dict) else None
+        nonce = hello.get("nonce") if isinstance(hello, dict) else None
+        ok = (
+            isinstance(hello, dict)
+            and hello.get("t") == "hello"
+            and type(rank) is int
+            and isinstance(nonce, str)
+            and 0 < len(nonce) <= 128
+            and verify(_hello_mac(secret, server_nonce, nonce, rank), hello.get("mac"))
+        )
+        if not ok:
+            with contextlib.suppress(OSError):
+                ch.send({"t": "denied"})
+            raise AuthenticationError(
+                f"a control connection from {peer} did not prove it knows the job's secret"
+            )
+        assert isinstance(rank, int) and isinstance(nonce, str)
+        ch.send({"t": "welcome", "mac": _welcome_mac(secret, server_nonce, nonce, rank)})
+    except (OSError, ValueError) as exc:
+        ch.close()
+        if isinstance(exc, AuthenticationError):
+            raise
+        raise AuthenticationError(
+            f"the handshake with {peer} failed ({type(exc).__name__})"
+        ) from None
+    ch.sign_with(session_key(secret, server_nonce, nonce, rank), send_dir=b"S", recv_dir=b"C")
+    ch.max_message = MAX_MESSAGE
+    sock.settimeout(None)
+    return rank, ch
+
+
+def connect_handshake(
+    sock: socket.socket, secret: str, rank: int, timeout_s: float = HANDSHAKE_TIMEOUT_S
+) -> Channel:
+    """A rank's side: answer the coordinator's challenge, check that it knows the secret
+    too, and return the signed channel; :class:`AuthenticationError` otherwise."""
+    peer = _peer(sock)
+    sock.settimeout(timeout_s)
+    ch = Channel(sock, max_message=HANDSHAKE_MAX)
+    try:
+        challenge = ch.recv()
+        if not isinstance(challenge, dict) or challenge.get("t") != "challenge":
+            raise AuthenticationError(f"{peer} did not send a ringcore coordinator's challenge")
+        server_nonce = challenge.get("nonce")
+        if not isinstance(server_nonce, str):
+            raise AuthenticationError(f"{peer} did not send a ringcore coordinator's challenge")
+        nonce = new_nonce()
+        ch.send(
+            {
+                "t": "hello",
+                "rank": rank,
+                "nonce": nonce,
+                "mac": _hello_mac(secret, server_nonce, nonce, rank),
+            }
+        )
+        reply = ch.recv()
+    except (OSError, ValueError) as exc:
+        ch.close()
+        if isinstance(exc, AuthenticationError):
+            raise
+        raise AuthenticationError(
+            f"the handshake with the coordinator at {peer} failed ({type(exc).__name__})"
+        ) from None
+    if not isinstance(reply, dict) or reply.get("t") != "welcome":
+        ch.close()
+        raise AuthenticationError(
+            f"the coordinator at {peer} refused rank {rank}: the ranks do not share one job "
+            "secret. Launch every rank with the same RING_SECRET_KEY (or none: rank 0 then "
+            "makes one)"
+        )
+    if not verify(_welcome_mac(secret, server_nonce, nonce, rank), reply.get("mac")):
+        ch.close()
+        raise AuthenticationError(
+            f"{peer} answered like a coordinator but does not know the job's secret"
+        )
+    ch.sign_with(session_key(secret, server_nonce, nonce, rank), send_dir=b"C", recv_dir=b"S")
+    ch.max_message = MAX_MESSAGE
+    sock.settimeout(None)
+    return ch

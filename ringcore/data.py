@@ -13,7 +13,8 @@ dropped). Two readers sit behind it:
 - ``"arrow"`` — ``pyarrow.dataset``, sharded by *rows*: every rank gets
   ``total_rows // size`` contiguous rows, whatever the files look like.
 
-``"auto"`` picks petastorm when it is installed, else arrow. ``read_shard`` reads a
+``"auto"`` picks petastorm when it is installed and the stack check
+(``ringcore._stackcheck``) finds it working, else arrow. ``read_shard`` reads a
 rank's shard once, whole (for validation); ``parquet_row_counts`` reads the row
 count of every file from the footers. Array columns (``list<float>``) become 2-D
 arrays. This module imports neither pyspark nor ray; petastorm only inside the
@@ -35,6 +36,7 @@ __all__ = [
     "ShardReader",
     "make_reader",
     "parquet_row_counts",
+    "petastorm_problems",
     "read_shard",
     "resolve_reader",
     "to_numpy_columns",
@@ -69,8 +71,18 @@ def resolve_reader(reader: str) -> str:
     if reader not in READERS:
         raise ValueError(f"reader must be one of {', '.join(map(repr, READERS))}; got {reader!r}")
     if reader == "auto":
-        return "petastorm" if importlib.util.find_spec("petastorm") is not None else "arrow"
+        return "petastorm" if petastorm_problems() == [] else "arrow"
     return reader
+
+
+def petastorm_problems() -> list[str]:
+    """Why petastorm cannot read here (not installed, or the stack check's findings:
+    pyarrow >= 15, numpy 2); empty when it can."""
+    if importlib.util.find_spec("petastorm") is None:
+        return ["petastorm is not installed"]
+    from . import _stackcheck
+
+    return _stackcheck.check()
 
 
 def _check_shard(rank: int, size: int) -> None:

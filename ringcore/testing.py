@@ -1,7 +1,8 @@
 """``run_workers(fn, np=2)``: run a function on ``np`` local ranks over Gloo on 127.0.0.1.
 
 The parent process hosts the job's store (a coordinator that outlives every rank),
-starts one spawned process per rank with the rendezvous environment set, and
+starts one spawned process per rank with the rendezvous environment set (and a fresh
+per-job ``RING_SECRET_KEY``), and
 returns each rank's result ordered by rank — or raises :class:`WorkerError` with
 the first failing rank's traceback after ending the other ranks.
 """
@@ -17,6 +18,7 @@ from typing import Any
 
 import cloudpickle
 
+from ._auth import new_secret
 from ._errors import RingError, WorkerError
 from ._rendezvous import worker_env
 from ._topology import topology_from_hosts
@@ -66,6 +68,7 @@ class _Workers:
 
     def __init__(self, fn, args, kwargs, env, port: int, elastic: bool):
         self.ctx = multiprocessing.get_context("spawn")
+        self.secret = new_secret()  # one per job; env= may override RING_SECRET_KEY
         self.payload = cloudpickle.dumps((fn, args, kwargs or {}))
         self.env, self.port, self.elastic = env or {}, port, elastic
         self.procs: list[Any] = []
@@ -101,6 +104,7 @@ class _Workers:
             "RING_ELASTIC_LATE": "1",
             "RING_RANK": "0",
             "RING_SIZE": "1",
+            "RING_SECRET_KEY": self.secret,
         }
         return self.spawn(env, host)
 
@@ -171,7 +175,13 @@ def run_workers(
     workers = _Workers(fn, args, kwargs, env, store.port, elastic)
     for r in range(np):
         workers.spawn(
-            worker_env(topology_from_hosts(hosts, r), _LOOPBACK, store.port, external_store=True),
+            worker_env(
+                topology_from_hosts(hosts, r),
+                _LOOPBACK,
+                store.port,
+                external_store=True,
+                secret=workers.secret,
+            ),
             hosts[r],
         )
     driver = None

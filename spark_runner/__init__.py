@@ -4,11 +4,15 @@
 ``ringcore.init()`` needs no settings. Worker output reaches the driver live, each
 line prefixed ``[rank]<stdout>:``; when Spark may retry, a failed stage reruns as a
 whole and ``RING_SPARK_ATTEMPT`` tells ``fn`` which attempt it is (to resume from a
-checkpoint). ``local_session()`` builds a SparkSession set up for this machine (tests,
+checkpoint). ``run_elastic(fn, min_num_proc=..., max_num_proc=...)`` keeps a
+``ringcore.torch.elastic`` job going as tasks are lost or added (the driver is the
+rendezvous coordinator). ``local_session()`` builds a SparkSession set up for this machine (tests,
 scripts, the demo).
 """
 
-from ._run import DEFAULT_START_TIMEOUT_S, START_TIMEOUT_ENV_VAR, TOPOLOGY_HOSTS_ENV_VAR, run
+from ._elastic import run_elastic
+from ._platform import DEFAULT_START_TIMEOUT_S
+from ._run import START_TIMEOUT_ENV_VAR, TOPOLOGY_HOSTS_ENV_VAR, run
 from ._session import local_session
 from ._slots import NotEnoughSlotsError
 from ._task import ATTEMPT_ENV_VAR, GPU_ADDRESSES_ENV_VAR
@@ -22,4 +26,5 @@ __all__ = [
     "NotEnoughSlotsError",
     "local_session",
     "run",
+    "run_elastic",
 ]

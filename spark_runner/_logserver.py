@@ -6,11 +6,14 @@ socket), then streams text lines, each starting with ``O`` (stdout) or ``E`` (st
 The driver writes them to the ``stdout`` / ``stderr`` objects given to ``run``. Only
 text is read from the socket, never a pickle; a peer that fails the check is dropped
 before anything else is read from it.
+
+Elastic jobs also use the connections as the membership signal: a task names its
+worker id in the handshake, so the driver knows at once (the socket closes) when a
+worker's process dies; a ``D`` line says that the worker returned from its function.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import secrets
@@ -19,16 +22,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from ringcore._auth import answer
+
 log = logging.getLogger("ringtrain.spark_runner")
 
 HANDSHAKE_TIMEOUT_S = 10.0
 MAX_LINE_BYTES = 1 << 20
-STDOUT_TAG, STDERR_TAG = "O", "E"
-
-
-def answer(secret: str, challenge: str) -> str:
-    """The HMAC a task sends back for ``challenge``."""
-    return hmac.new(secret.encode(), challenge.encode(), hashlib.sha256).hexdigest()
+STDOUT_TAG, STDERR_TAG, DONE_TAG = "O", "E", "D"
 
 
 def _read_line(sock: socket.socket, limit: int) -> str:
@@ -63,6 +63,8 @@ class LogServer:
         self._closing = threading.Event()
         self._readers: list[threading.Thread] = []
         self._conns: list[socket.socket] = []
+        self._workers: dict[str, str] = {}  # connected worker id -> host, in arrival order
+        self._finished: set[str] = set()
         self._acceptor = threading.Thread(
             target=self._accept_loop, name="ringtrain-log-accept", daemon=True
         )
@@ -86,37 +88,61 @@ class LogServer:
             self._readers.append(reader)
             reader.start()
 
-    def _authenticate(self, conn: socket.socket) -> bool:
-        """Challenge, check the HMAC, then tell the task its stage's attempt number."""
+    def _authenticate(self, conn: socket.socket) -> str | None:
+        """Challenge, check the HMAC, then tell the task its stage's attempt number.
+        Returns the worker id the task named ("" for none), or None when it failed."""
         challenge = secrets.token_hex(16)
         conn.settimeout(HANDSHAKE_TIMEOUT_S)
         conn.sendall(challenge.encode() + b"\n")
-        reply, _, stage = _read_line(conn, 160).partition(" ")
+        reply, _, rest = _read_line(conn, 300).partition(" ")
         if not hmac.compare_digest(reply, answer(self.secret, challenge)):
-            return False
+            return None
+        stage, _, worker_id = rest.partition(" ")
         try:
             attempt = self._attempt_of(int(stage))
         except Exception:
             attempt = 0
         conn.sendall(f"{attempt}\n".encode())
         conn.settimeout(None)
-        return True
+        return worker_id
 
     def _serve(self, conn: socket.socket, peer: Any) -> None:
+        worker_id: str | None = None
         try:
-            if not self._authenticate(conn):
+            worker_id = self._authenticate(conn)
+            if worker_id is None:
                 log.warning("rejected a log connection from %s: bad authentication", peer)
                 return
+            if worker_id:
+                with self._write_lock:
+                    self._workers[worker_id] = str(peer[0])
             with conn.makefile("r", encoding="utf-8", errors="replace", newline="\n") as lines:
                 while True:
                     line = lines.readline(MAX_LINE_BYTES)
                     if not line:
                         return
+                    if line.startswith(DONE_TAG) and worker_id:
+                        with self._write_lock:
+                            self._finished.add(worker_id)
+                        continue
                     self._write(line)
         except OSError as exc:
             log.debug("log connection from %s ended: %s", peer, exc)
         finally:
+            if worker_id:
+                with self._write_lock:
+                    self._workers.pop(worker_id, None)
             conn.close()
+
+    def workers(self) -> dict[str, str]:
+        """The connected workers (id -> host) in the order they connected."""
+        with self._write_lock:
+            return dict(self._workers)
+
+    def finished(self) -> set[str]:
+        """The workers that said they returned from their function."""
+        with self._write_lock:
+            return set(self._finished)
 
     def _write(self, line: str) -> None:
         target = self._targets.get(line[:1])

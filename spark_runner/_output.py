@@ -6,9 +6,10 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from ._logserver import HANDSHAKE_TIMEOUT_S, STDERR_TAG, STDOUT_TAG, _read_line, answer
+from ._logserver import DONE_TAG, HANDSHAKE_TIMEOUT_S, STDERR_TAG, STDOUT_TAG, _read_line, answer
 
 TIMESTAMP_FORMAT = "%a %b %d %H:%M:%S %Y"  # Horovod's
 
@@ -16,10 +17,12 @@ TIMESTAMP_FORMAT = "%a %b %d %H:%M:%S %Y"  # Horovod's
 class LogConnection:
     """One authenticated connection to the driver; ``send`` is thread-safe."""
 
-    def __init__(self, host: str, port: int, secret: str, stage_id: int):
+    def __init__(self, host: str, port: int, secret: str, stage_id: int, worker_id: str = ""):
         self._sock = socket.create_connection((host, port), timeout=HANDSHAKE_TIMEOUT_S)
+        #: this task's address as the driver sees it (the one its peers can reach)
+        self.local_address = str(self._sock.getsockname()[0])
         challenge = _read_line(self._sock, 128)
-        self._sock.sendall(f"{answer(secret, challenge)} {stage_id}\n".encode())
+        self._sock.sendall(f"{answer(secret, challenge)} {stage_id} {worker_id}\n".encode())
         #: the Spark stage attempt this task belongs to (0 first, then 1, ...)
         self.stage_attempt = int(_read_line(self._sock, 32) or 0)
         self._sock.settimeout(None)
@@ -30,6 +33,10 @@ class LogConnection:
         with self._lock:
             self._sock.sendall(data)
 
+    def done(self) -> None:
+        """Tell the driver this worker returned from its function (elastic jobs)."""
+        self.send(DONE_TAG, "")
+
     def close(self) -> None:
         self._sock.close()
 
@@ -37,25 +44,27 @@ class LogConnection:
 class PrefixedLines:
     """A text stream that prefixes every line with ``[rank]<name>:`` (Horovod's style),
     optionally after a timestamp, and hands complete lines to ``sink(tag, line)``.
-    With no sink the lines go to ``fallback``."""
+    With no sink the lines go to ``fallback``. ``rank`` may be a callable giving the
+    label at each line (elastic workers change rank between generations)."""
 
     def __init__(
         self,
         tag: str,
-        rank: int,
+        rank: int | Callable[[], str],
         sink: LogConnection | None,
         fallback: Any,
         timestamps: bool = False,
     ):
         name = "stdout" if tag == STDOUT_TAG else "stderr"
-        self._tag, self._prefix = tag, f"[{rank}]<{name}>:"
+        self._tag, self._name, self._rank = tag, name, rank
         self._sink, self._fallback, self._timestamps = sink, fallback, timestamps
         self._partial = ""
         self._lock = threading.Lock()
 
     def _emit(self, line: str) -> None:
         stamp = time.strftime(TIMESTAMP_FORMAT) if self._timestamps else ""
-        text = f"{stamp}{self._prefix}{line}"
+        label = self._rank() if callable(self._rank) else self._rank
+        text = f"{stamp}[{label}]<{self._name}>:{line}"
         if self._sink is not None:
             try:
                 self._sink.send(self._tag, text)
@@ -92,16 +101,20 @@ class PrefixedLines:
         return "utf-8"
 
 
-def connect(host: str, port: int, secret: str, stage_id: int) -> LogConnection | None:
+def connect(
+    host: str, port: int, secret: str, stage_id: int, worker_id: str = ""
+) -> LogConnection | None:
     """A connection to the driver's log server, or None (output then stays local)."""
     try:
-        return LogConnection(host, port, secret, stage_id)
+        return LogConnection(host, port, secret, stage_id, worker_id)
     except (OSError, ValueError) as exc:
         sys.stderr.write(f"ringtrain: cannot reach the driver's log server {host}:{port}: {exc}\n")
         return None
 
 
-def stream_pair(conn: LogConnection | None, rank: int, timestamps: bool) -> tuple[Any, Any]:
+def stream_pair(
+    conn: LogConnection | None, rank: int | Callable[[], str], timestamps: bool
+) -> tuple[Any, Any]:
     return (
         PrefixedLines(STDOUT_TAG, rank, conn, sys.stdout, timestamps),
         PrefixedLines(STDERR_TAG, rank, conn, sys.stderr, timestamps),

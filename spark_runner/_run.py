@@ -21,13 +21,13 @@ from ringcore._pickling import dumps_with_user_code
 
 from ._errors import decode_worker_error
 from ._logserver import LogServer
+from ._platform import defaults
 from ._slots import wait_for_slots
 from ._task import TaskSpec, make_barrier_task
 
 log = logging.getLogger("ringtrain.spark_runner")
 
 START_TIMEOUT_ENV_VAR = "RING_SPARK_START_TIMEOUT"
-DEFAULT_START_TIMEOUT_S = 600.0
 #: Comma-separated host names, one per rank: the hosts local/cross ranks are derived
 #: from, instead of the tasks' real addresses (to test topology-aware code on one machine).
 TOPOLOGY_HOSTS_ENV_VAR = "RING_SPARK_TOPOLOGY_HOSTS"
@@ -66,9 +66,21 @@ def _check_options(fn, env, verbose, use_gpu) -> None:
     if use_gpu and not cuda_built():
         raise RingError(
             "use_gpu=True but this installation's torch has no CUDA (torch.version.cuda is "
-            "None), and the NCCL backend is not built yet. Install a CUDA build of torch, "
-            "or pass use_gpu=False to train on CPU."
+            "None). Install a CUDA build of torch, or pass use_gpu=False to train on CPU."
         )
+
+
+def resolve_timeout(start_timeout: float | None) -> float:
+    """``start_timeout``, else ``RING_SPARK_START_TIMEOUT``, else 600 s (900 s on
+    Databricks); checked."""
+    timeout = (
+        start_timeout
+        if start_timeout is not None
+        else get_float(START_TIMEOUT_ENV_VAR, defaults().start_timeout_s)
+    )
+    if timeout <= 0:
+        raise ValueError(f"start_timeout must be > 0 seconds, got {timeout}")
+    return float(timeout)
 
 
 def _resolve_counts(sc: Any, num_proc: int | None, start_timeout: float | None):
@@ -76,14 +88,7 @@ def _resolve_counts(sc: Any, num_proc: int | None, start_timeout: float | None):
         num_proc = sc.defaultParallelism
     if not isinstance(num_proc, int) or num_proc < 1:
         raise ValueError(f"num_proc must be a positive integer, got {num_proc!r}")
-    timeout = (
-        start_timeout
-        if start_timeout is not None
-        else get_float(START_TIMEOUT_ENV_VAR, DEFAULT_START_TIMEOUT_S)
-    )
-    if timeout <= 0:
-        raise ValueError(f"start_timeout must be > 0 seconds, got {timeout}")
-    return num_proc, timeout
+    return num_proc, resolve_timeout(start_timeout)
 
 
 def _topology_hosts(num_proc: int) -> tuple[str, ...]:
@@ -117,7 +122,7 @@ def _stage_attempt(sc: Any, stage_id: int) -> int:
 def _log_server(sc: Any, stdout: Any, stderr: Any) -> LogServer:
     conf = sc.getConf()
     host = conf.get("spark.driver.host", "127.0.0.1")
-    bind = conf.get("spark.driver.bindAddress", host)
+    bind = conf.get("spark.driver.bindAddress", defaults().log_bind_host or host)
     server = LogServer(
         stdout if stdout is not None else sys.stdout,
         stderr if stderr is not None else sys.stderr,
@@ -176,6 +181,7 @@ def run(
         log_host=server.advertised_host,
         log_port=server.port,
         secret=server.secret,
+        ring_secret=os.urandom(32).hex(),  # separate from the log secret, which stays out of env
         timestamps=bool(prefix_output_with_timestamp),
         use_gpu=use_gpu,
         topology_hosts=topology_hosts,

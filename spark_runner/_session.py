@@ -13,13 +13,28 @@ import sys
 import tempfile
 from typing import Any
 
+from ringcore import RingError
+
+from ._platform import defaults
+
 
 def local_session(
     master: str = "local[2]", app_name: str = "ringtrain", conf: dict[str, str] | None = None
 ) -> Any:
-    """Create (or get) a SparkSession on this machine bound to 127.0.0.1."""
+    """Create (or get) a SparkSession on this machine bound to 127.0.0.1. On Databricks
+    (``DATABRICKS_RUNTIME_VERSION`` set) it returns the notebook's active session and
+    ignores the arguments, so a script written against a local session runs unchanged."""
     import pyspark
     from pyspark.sql import SparkSession
+
+    if defaults().use_active_session:
+        active = SparkSession.getActiveSession()
+        if active is None:
+            raise RingError(
+                f"{defaults().platform}: no active SparkSession; run this in a notebook or job "
+                "attached to a cluster (its `spark` session is used)."
+            )
+        return active
 
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

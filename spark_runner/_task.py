@@ -40,7 +40,10 @@ class TaskSpec:
     env: dict[str, str]
     log_host: str
     log_port: int
-    secret: str = field(repr=False)
+    secret: str = field(repr=False)  # the log server's; never in the task's environment
+    ring_secret: str = field(
+        default="", repr=False
+    )  # RING_SECRET_KEY of the ring's control channel
     timestamps: bool = False
     use_gpu: bool | None = None
     topology_hosts: tuple[str, ...] = ()  # seam: fake hosts per rank, for local/cross ranks
@@ -65,7 +68,7 @@ def _ring_env(ctx: Any, spec: TaskSpec, rank: int, host: str, attempt: int) -> d
     peers = [json.loads(m) for m in ctx.allGather(json.dumps({"host": host, "port": port}))]
     hosts = [p["host"] for p in peers]
     topology = topology_from_hosts(list(spec.topology_hosts or hosts), rank)
-    env = worker_env(topology, hosts[0], int(peers[0]["port"]))
+    env = worker_env(topology, hosts[0], int(peers[0]["port"]), secret=spec.ring_secret or None)
     env[HOSTNAME_ENV_VAR] = host  # the address peers reach, whatever the topology says
     env[ATTEMPT_ENV_VAR] = str(attempt)
     env.update(gpu_env(ctx, spec.use_gpu, topology.local_rank))

@@ -8,6 +8,7 @@ import os
 import time
 
 import pytest
+from _reliability import record
 
 from ringcore import WorkerError
 from ringcore.testing import run_workers
@@ -326,12 +327,14 @@ def _stall_worker():
         return f"{time.monotonic() - t0:.1f}|{exc}"
 
 
-def test_stall_inspector_names_the_missing_ranks_and_can_shut_the_op_down():
+@pytest.mark.reliability(fault="a rank that stalls on one tensor", category="fault")
+def test_stall_inspector_names_the_missing_ranks_and_can_shut_the_op_down(request):
     env = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "RING_STALL_SHUTDOWN_TIME_SECONDS": "3"}
     res = run_workers(_stall_worker, np=2, env=env, timeout=60)
     elapsed, message = res[0].split("|", 1)
     assert "'lonely'" in message and "ranks [1] never submitted it" in message
     assert 2.5 <= float(elapsed) < 10
+    record(request, detect_s=float(elapsed), note="RING_STALL_SHUTDOWN_TIME_SECONDS=3: op failed")
 
 
 def _killed_peer_worker():
@@ -355,13 +358,15 @@ def _killed_peer_worker():
         return f"{time.monotonic() - t0:.1f}|{exc}"
 
 
-def test_a_killed_peer_raises_ring_internal_error_on_the_survivors_quickly():
+@pytest.mark.reliability(fault="a rank SIGKILLed between collectives", category="fault")
+def test_a_killed_peer_raises_ring_internal_error_on_the_survivors_quickly(request):
     res = run_workers(_killed_peer_worker, np=3, timeout=90, return_exceptions=True)
     assert isinstance(res[2], WorkerError) and res[2].error_type == "ProcessExit"
     for survivor in res[:2]:
         elapsed, message = survivor.split("|", 1)
         assert float(elapsed) < 30
         assert "rank" in message
+    record(request, detect_s=max(float(s.split("|", 1)[0]) for s in res[:2]))
     # then the survivors can re-form: shutdown() and init() again works (tested in elastic)
 
 

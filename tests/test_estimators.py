@@ -257,7 +257,7 @@ def _tiny_spec(store, epochs):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.5)
     return TrainSpec(
         user_objects=cloudpickle.dumps(
-            (model, type(optimizer), torch.nn.CrossEntropyLoss(), ["accuracy"])
+            (model, type(optimizer), torch.nn.CrossEntropyLoss(), ["accuracy"], [])
         ),
         optimizer_groups=[[0, 1]],
         optimizer_state=optimizer.state_dict(),

@@ -179,6 +179,58 @@ def _fails_once_loop(config):
             raise RuntimeError("first attempt dies on rank 1")
 
 
+def _killed_once_loop(config):
+    import signal
+
+    import ringcore.torch as hvd
+
+    hvd.init()
+    restored = ray_runner.get_checkpoint()
+    start = 0
+    if restored is not None:
+        with restored.as_directory() as path, open(os.path.join(path, "it")) as fh:
+            start = int(fh.read()) + 1
+    for it in range(start, 3):
+        hvd.barrier()
+        with _temp_checkpoint({"it": str(it)}) as ckpt:
+            ray_runner.report({"iteration": it, "start": start}, checkpoint=ckpt)
+        hvd.barrier()  # rank 0's report is in before rank 1 dies
+        if it == 1 and hvd.rank() == 1 and not os.path.exists(config["marker"]):
+            open(config["marker"], "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)  # the actor dies mid-epoch
+
+
+def _every_rank_fails_loop():
+    import ringcore
+
+    ringcore.init()
+    raise ValueError(f"bad shard on rank {ringcore.rank()}")
+
+
+def _count_rows_loop(config):
+    import ringcore.torch as hvd
+
+    hvd.init()
+    shard = ray_runner.get_dataset_shard("train")
+    for epoch in range(config["epochs"]):
+        mine = [int(i) for batch in shard.iter_batches(batch_size=8) for i in batch["id"]]
+        every = sorted(i for part in hvd.allgather_object(mine) for i in part)
+        ray_runner.report(
+            {"epoch": epoch, "mine": len(mine), "every_row_once": every == list(range(config["n"]))}
+        )
+
+
+def _tuned_loop(config):
+    import torch
+
+    import ringcore.torch as hvd
+
+    hvd.init()
+    for step in range(2):
+        total = hvd.allreduce(torch.tensor([config["lr"]]), op=hvd.Sum).item()
+        ray_runner.report({"step": step, "loss": total * (step + 1), "size": hvd.size()})
+
+
 def _always_fails_loop():
     import ringcore
 
@@ -208,9 +260,30 @@ def test_scaling_config_rejects_negative_resources_and_unknown_strategy():
         ScalingConfig(placement_strategy="TIGHT")
 
 
-def test_scaling_config_elastic_range_is_not_supported_yet():
-    with pytest.raises(NotImplementedError, match="elastic"):
-        ScalingConfig(num_workers=(1, 4))
+def test_scaling_config_accepts_an_elastic_range_and_rejects_datasets_with_it(ray_cluster):
+    assert ScalingConfig(num_workers=(1, 4)).elastic
+    with pytest.raises(ValueError, match="elastic"):
+        RingTrainer(
+            _always_fails_loop,
+            scaling_config=ScalingConfig(num_workers=(1, 2)),
+            datasets={"train": ray.data.range(4)},
+        )
+
+
+def test_trainer_rejects_datasets_that_are_not_ray_datasets():
+    with pytest.raises(TypeError, match=r"datasets\['train'\] is a list"):
+        RingTrainer(_always_fails_loop, datasets={"train": [1, 2]})
+
+
+def test_cuda_visible_devices_lists_every_gpu_of_the_workers_node():
+    from ray_runner._executor import cuda_visible_devices
+
+    assert cuda_visible_devices(["a", "a", "b", "b"], [[1], [0], ["3"], [2]]) == [
+        "0,1",
+        "0,1",
+        "2,3",
+        "2,3",
+    ]
 
 
 def test_scaling_config_derives_per_worker_resources():
@@ -482,3 +555,83 @@ def test_fit_raises_training_failed_error_carrying_the_failed_ranks_worker_error
     assert (err.worker_error.rank, err.worker_error.error_type) == (1, "KeyError")
     assert "no such feature column" in str(err)
     assert "_always_fails_loop" in err.worker_error.traceback
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+def test_fit_resumes_from_the_latest_checkpoint_after_an_actor_is_killed_mid_epoch(
+    ray_cluster, tmp_path, capsys
+):
+    trainer = RingTrainer(
+        _killed_once_loop,
+        train_loop_config={"marker": str(tmp_path / "killed_once")},
+        run_config=RunConfig(
+            name="killed", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=-1)
+        ),
+    )
+    result = trainer.fit()
+    assert (tmp_path / "killed_once").exists()
+    assert list(result.metrics_dataframe["iteration"]) == [0, 1, 2]
+    assert list(result.metrics_dataframe["start"]) == [0, 0, 2]  # resumed after checkpoint 1
+    out = capsys.readouterr().out
+    assert "ActorDiedError" in out
+    assert "restarting the workers from " + str(tmp_path / "killed" / "checkpoint_000001") in out
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+def test_training_failed_error_carries_every_failed_ranks_error(ray_cluster, tmp_path):
+    trainer = RingTrainer(
+        _every_rank_fails_loop, run_config=RunConfig(storage_path=str(tmp_path), verbose=0)
+    )
+    with pytest.raises(TrainingFailedError) as info:
+        trainer.fit()
+    errors = info.value.worker_errors
+    assert [(e.rank, e.error_type) for e in errors] == [(0, "ValueError"), (1, "ValueError")]
+    assert [e.message for e in errors] == ["bad shard on rank 0", "bad shard on rank 1"]
+    assert "Also failed: rank" in str(info.value)
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+def test_ray_dataset_is_split_over_the_workers_and_every_row_is_read_once_per_epoch(
+    ray_cluster, tmp_path
+):
+    n = 64
+    trainer = RingTrainer(
+        _count_rows_loop,
+        train_loop_config={"n": n, "epochs": 2},
+        # half a CPU per worker leaves Ray Data a CPU for its read tasks
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+        run_config=RunConfig(storage_path=str(tmp_path), verbose=0),
+        datasets={"train": ray.data.range(n)},
+    )
+    history = trainer.fit().metrics_history
+    assert [m["epoch"] for m in history] == [0, 1]
+    assert all(m["every_row_once"] for m in history)
+    assert [m["mine"] for m in history] == [n // 2, n // 2]  # equal shards
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(180)
+def test_ring_trainer_as_a_tune_trainable_runs_a_two_trial_grid_search(ray_cluster, tmp_path):
+    from ray import tune
+
+    trainer = RingTrainer(
+        _tuned_loop,
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
+        run_config=RunConfig(storage_path=str(tmp_path / "ring"), verbose=0),
+    )
+    tuner = tune.Tuner(
+        trainer.as_trainable(),
+        param_space={"lr": tune.grid_search([0.1, 0.2])},
+        tune_config=tune.TuneConfig(metric="loss", mode="min", max_concurrent_trials=1),
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "tune"), name="grid", verbose=0),
+    )
+    results = tuner.fit()
+    assert len(results) == 2 and not results.errors
+    by_lr = {r.config["lr"]: r.metrics for r in results}
+    # each trial ran 2 ranks: the last loss is 2 (steps) x 2 (ranks) x lr
+    assert by_lr[0.1]["loss"] == pytest.approx(0.4) and by_lr[0.2]["loss"] == pytest.approx(0.8)
+    assert by_lr[0.1]["size"] == 2
+    assert results.get_best_result().config["lr"] == 0.1

@@ -19,6 +19,7 @@ import torch
 
 from .._adasum import is_power_of_two
 from .._engine import Handle, dtype_name, wait_handle
+from .._gpu import join_streams
 from .._ops import ReduceOp, resolve_op
 from .._process_sets import ProcessSet, check_process_set, global_process_set
 from .._runtime import engine, rank, size
@@ -93,6 +94,7 @@ def synchronize(handle: int) -> Any:
     wait_handle(h)
     if h.error is not None:
         raise h.error
+    join_streams(h)  # CUDA: this stream waits for the engine's side stream
     return h.result
 
 

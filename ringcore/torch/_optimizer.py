@@ -5,6 +5,15 @@ allreduce as soon as backward has produced it (after ``backward_passes_per_step`
 passes), so communication runs while the rest of backward computes; ``step()``
 waits for the handles, then applies the wrapped optimizer's update. The engine fuses
 the gradients that are ready together into one buffer.
+
+On GPU nothing here changes: each hook's submission records a CUDA event on the
+backward stream, and the engine runs the fusion copy, the scaling and the NCCL
+allreduce on its own side stream after that event (``ringcore._gpu``), so backward
+kernels queued later do not wait for communication; ``step()``'s synchronize makes
+the optimizer's stream wait for the side stream before the update reads the
+gradients. The fusion buffer lives on the gradients' device. Under Gloo (no NCCL, or
+ranks sharing a GPU) each fused buffer is copied to host memory and back instead,
+which serializes with the host.
 """
 
 from __future__ import annotations

@@ -1,0 +1,454 @@
+"""Keras models in the estimator: the worker's training loop and the driver's helpers.
+
+Worker (``train_keras(spec)``), in small named steps:
+
+1. ``ringcore.keras.init()``; rebuild the model from its ``.keras`` bytes, compile it
+   with the optimizer (from its config) wrapped in ``DistributedOptimizer``, the loss
+   and the metrics.
+2. Resume from the run's checkpoint when there is one (rank 0 reads it; the
+   broadcast callback gives every rank rank 0's weights and optimizer state).
+3. ``model.fit`` on a ``tf.data`` pipeline over this rank's shard from
+   ``ringcore.data.make_reader`` (sharded by rank, the same ``steps_per_epoch`` on
+   every rank), validating on the rank's validation shard; ``MetricAverageCallback``
+   averages the metrics over the ranks (each rank's validation mean weighs the same:
+   the shards differ by one row at most); the user's ``callbacks`` (Keras callbacks)
+   run after these, on every rank.
+4. Rank 0 writes the model (``.keras``) as the run's checkpoint and the history
+   (the torch loop's format: ``train_<metric>``, ``val_<metric>``, ``epoch``,
+   ``seconds``) to the Store after every epoch.
+
+Driver: :func:`keras_worker` (the spec), :func:`load_keras_checkpoint`,
+:func:`keras_predictor` (``RingModel.transform`` in Arrow batches),
+:func:`save_keras_model` / :func:`load_keras_model` (``RingModel.save/load``).
+A model with custom layers needs them registered
+(``keras.saving.register_keras_serializable``) where it is loaded.
+TensorFlow is imported only inside these functions: a torch fit never pays for it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+import fsspec
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.types import ArrayType, DataType, DoubleType
+
+from ringcore.data import make_reader, read_shard, to_numpy_columns
+
+from ._store import Store
+from ._train_torch import _local_copies
+
+__all__ = [
+    "KerasTrainSpec",
+    "check_keras",
+    "keras_predictor",
+    "keras_worker",
+    "load_keras_checkpoint",
+    "load_keras_model",
+    "save_keras_model",
+    "train_keras",
+]
+
+_MODEL_FILE = "model.keras"
+
+
+@dataclass(frozen=True)
+class KerasTrainSpec:
+    """Everything a Keras worker needs, as picklable data."""
+
+    model_bytes: bytes  # the model as a .keras file
+    compile_objects: bytes  # cloudpickle of (optimizer config, loss, metrics)
+    feature_cols: list[str]
+    label_cols: list[str]
+    train_path: str
+    val_path: str | None
+    batch_size: int
+    val_batch_size: int
+    epochs: int
+    steps_per_epoch: int
+    val_steps: int | None
+    shuffle: bool
+    seed: int
+    reader: str
+    reader_workers: int
+    backward_passes_per_step: int
+    store: Store
+    run_id: str
+    sample_weight_col: str | None = None
+    transformation_fn: Any = None
+    callbacks: bytes = b""  # cloudpickle of the user's keras.callbacks.Callback list
+
+
+# --- .keras bytes ------------------------------------------------------------------------------
+
+
+def model_to_bytes(model: Any) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="ringtrain-keras-") as tmp:
+        path = os.path.join(tmp, _MODEL_FILE)
+        model.save(path)
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def model_from_bytes(data: bytes, compile: bool = False) -> Any:
+    import keras
+
+    with tempfile.TemporaryDirectory(prefix="ringtrain-keras-") as tmp:
+        path = os.path.join(tmp, _MODEL_FILE)
+        with open(path, "wb") as f:
+            f.write(data)
+        return keras.models.load_model(path, compile=compile)
+
+
+# --- driver: checks and the spec ----------------------------------------------------------------
+
+
+def _compiled(model: Any) -> dict[str, Any]:
+    config = getattr(model, "_compile_config", None)
+    return dict(config.config) if config is not None and model.compiled else {}
+
+
+def check_keras(model: Any, optimizer: Any, loss: Any) -> None:
+    """A Keras model needs an optimizer and a loss: as params, or from ``model.compile``."""
+    import keras
+
+    compiled = _compiled(model)
+    optimizer = optimizer if optimizer is not None else compiled.get("optimizer")
+    if optimizer is None:
+        raise ValueError(
+            "the Keras model has no optimizer: compile it (model.compile(optimizer=..., loss=...)) "
+            "or pass setOptimizer(keras.optimizers.Adam(1e-3))."
+        )
+    if not isinstance(optimizer, keras.optimizers.Optimizer | str):
+        raise ValueError(
+            f"optimizer must be a keras.optimizers.Optimizer for a Keras model, got "
+            f"{type(optimizer).__name__}. Set it with setOptimizer(keras.optimizers.Adam(1e-3))."
+        )
+    if (loss if loss is not None else compiled.get("loss")) is None:
+        raise ValueError(
+            "the Keras model has no loss: compile it with loss=... or pass "
+            "setLoss('sparse_categorical_crossentropy'), for example."
+        )
+
+
+def _serializable(value: Any) -> Any:
+    """Keras objects as their config; strings and plain functions as they are."""
+    import keras
+
+    if isinstance(value, list | tuple):
+        return [_serializable(v) for v in value]
+    if isinstance(value, keras.losses.Loss | keras.metrics.Metric):
+        return {"__keras__": keras.saving.serialize_keras_object(value)}
+    return value
+
+
+def _deserialized(value: Any) -> Any:
+    import keras
+
+    if isinstance(value, list):
+        return [_deserialized(v) for v in value]
+    if isinstance(value, dict) and "__keras__" in value:
+        return keras.saving.deserialize_keras_object(value["__keras__"])
+    return value
+
+
+def keras_worker(cfg: Any, data: Any) -> tuple[Callable[..., Any], tuple]:
+    """``(train_keras, (spec,))`` for a fit of a Keras model."""
+    import keras
+
+    compiled = _compiled(cfg.model)
+    optimizer = cfg.optimizer if cfg.optimizer is not None else compiled["optimizer"]
+    optimizer = keras.optimizers.get(optimizer) if isinstance(optimizer, str) else optimizer
+    loss = cfg.loss if cfg.loss is not None else compiled.get("loss")
+    metrics = list(cfg.metrics) or list(compiled.get("metrics") or [])
+    objects = (keras.optimizers.serialize(optimizer), _serializable(loss), _serializable(metrics))
+    foreign = [cb for cb in cfg.callbacks if not isinstance(cb, keras.callbacks.Callback)]
+    if foreign:
+        raise ValueError(
+            f"callbacks of a Keras model must be keras.callbacks.Callback objects, got "
+            f"{', '.join(type(cb).__name__ for cb in foreign)}. Subclass keras.callbacks.Callback."
+        )
+    spec = KerasTrainSpec(
+        model_bytes=model_to_bytes(cfg.model),
+        compile_objects=cloudpickle.dumps(objects),
+        feature_cols=cfg.feature_cols,
+        label_cols=cfg.label_cols,
+        train_path=data.train_path,
+        val_path=data.val_path,
+        batch_size=cfg.batch_size,
+        val_batch_size=cfg.val_batch_size,
+        epochs=cfg.epochs,
+        steps_per_epoch=data.steps_per_epoch,
+        val_steps=cfg.validation_steps_per_epoch,
+        shuffle=cfg.shuffle,
+        seed=cfg.seed,
+        reader=cfg.reader,
+        reader_workers=cfg.reader_workers,
+        backward_passes_per_step=cfg.backward_passes_per_step,
+        store=cfg.store,
+        run_id=cfg.run_id,
+        sample_weight_col=cfg.sample_weight_col,
+        transformation_fn=cfg.transformation_fn,
+        callbacks=cloudpickle.dumps(list(cfg.callbacks)),
+    )
+    return train_keras, (spec,)
+
+
+def load_keras_checkpoint(cfg: Any) -> Any:
+    """The trained Keras model from the run's final checkpoint (not compiled)."""
+    return model_from_bytes(cfg.store.read_bytes(cfg.store.get_checkpoint_path(cfg.run_id)))
+
+
+# --- worker: batches as a tf.data pipeline ------------------------------------------------------
+
+
+def _columns(spec: KerasTrainSpec) -> list[str]:
+    weight = [spec.sample_weight_col] if spec.sample_weight_col is not None else []
+    return spec.feature_cols + spec.label_cols + weight
+
+
+def _arrays(spec: KerasTrainSpec, batch: dict[str, np.ndarray]) -> tuple:
+    """``(inputs, labels[, weights])`` of one batch: float32, a scalar feature as (rows, 1);
+    one array for one column, a tuple for several."""
+    if spec.transformation_fn is not None:
+        batch = spec.transformation_fn(batch)
+    feats = [np.asarray(batch[c], np.float32) for c in spec.feature_cols]
+    feats = [f.reshape(-1, 1) if f.ndim == 1 else f for f in feats]
+    labels = [np.asarray(batch[c], np.float32) for c in spec.label_cols]
+    item: tuple = (
+        feats[0] if len(feats) == 1 else tuple(feats),
+        labels[0] if len(labels) == 1 else tuple(labels),
+    )
+    if spec.sample_weight_col is not None:
+        item += (np.asarray(batch[spec.sample_weight_col], np.float32).reshape(-1),)
+    return item
+
+
+def _dataset(spec: KerasTrainSpec, batches: Iterator[dict[str, np.ndarray]]) -> Any:
+    """A ``tf.data.Dataset`` of this rank's (endless) batches; shapes from the first one."""
+    import tensorflow as tf
+
+    first = _arrays(spec, next(batches))
+
+    def generate() -> Iterator[tuple]:
+        yield first
+        for batch in batches:
+            yield _arrays(spec, batch)
+
+    signature = tf.nest.map_structure(
+        lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.float32), first
+    )
+    return tf.data.Dataset.from_generator(generate, output_signature=signature).prefetch(1)
+
+
+def _validation(spec: KerasTrainSpec, local_path: str | None, rank: int, size: int) -> Any:
+    if local_path is None:
+        return None
+    data = read_shard(local_path, rank=rank, size=size, columns=_columns(spec), reader=spec.reader)
+    rows = len(data[spec.label_cols[0]])
+    if spec.val_steps is not None:
+        rows = min(rows, spec.val_steps * spec.val_batch_size)
+    return _arrays(spec, {k: v[:rows] for k, v in data.items()}) if rows else None
+
+
+# --- worker: set-up, checkpoints, history -------------------------------------------------------
+
+
+def _set_threads(local_size: int) -> None:
+    import tensorflow as tf
+
+    try:  # only possible before TensorFlow's runtime starts
+        tf.config.threading.set_intra_op_parallelism_threads(
+            max(1, (os.cpu_count() or 1) // local_size)
+        )
+        tf.config.threading.set_inter_op_parallelism_threads(2)
+    except RuntimeError:
+        pass
+
+
+def _rebuild(spec: KerasTrainSpec, hvd: Any) -> Any:
+    import keras
+
+    model = model_from_bytes(spec.model_bytes)
+    optimizer_config, loss, metrics = cloudpickle.loads(spec.compile_objects)
+    optimizer = hvd.DistributedOptimizer(
+        keras.optimizers.deserialize(optimizer_config),
+        backward_passes_per_step=spec.backward_passes_per_step,
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss=_deserialized(loss),
+        metrics=_deserialized(metrics),
+        jit_compile=False,
+    )
+    return model
+
+
+def _restore(model: Any, spec: KerasTrainSpec, hvd: Any) -> tuple[int, list[dict[str, Any]]]:
+    """Rank 0 loads the run's checkpoint when there is one (weights and optimizer
+    state); every rank gets ``(epochs done, history)``."""
+    done: tuple[int, list[dict[str, Any]]] = (0, [])
+    path = spec.store.find_checkpoint(spec.run_id) if hvd.rank() == 0 else None
+    if path is not None:
+        saved = model_from_bytes(spec.store.read_bytes(path), compile=True)
+        model.set_weights(saved.get_weights())
+        if saved.optimizer is not None and saved.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+            for mine, theirs in zip(model.optimizer.variables, saved.optimizer.variables):
+                mine.assign(theirs)
+        history = list(spec.store.read_json(spec.store.get_history_path(spec.run_id)))
+        done = (len(history), history)
+    return hvd.broadcast_object(done, root_rank=0, name="ringtrain.resume")
+
+
+def _epoch_callback(spec: KerasTrainSpec, history: list[dict[str, Any]], rank: int) -> Any:
+    """After ``MetricAverageCallback``: the epoch's entry in the torch loop's format, and
+    rank 0's checkpoint + history in the Store."""
+    import keras
+
+    class EpochRecorder(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+            self.started = time.monotonic()
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            entry: dict[str, Any] = {"epoch": epoch + 1}
+            for key, value in sorted((logs or {}).items()):
+                name = key if key.startswith("val_") else f"train_{key}"
+                entry[name] = float(value)
+            entry["seconds"] = round(time.monotonic() - self.started, 3)
+            history.append(entry)
+            if rank == 0:
+                data = model_to_bytes(self.model)
+                spec.store.write_atomic(
+                    spec.store.get_checkpoint_path(spec.run_id), lambda f: f.write(data)
+                )
+                spec.store.write_json(spec.store.get_history_path(spec.run_id), history)
+
+    return EpochRecorder()
+
+
+def train_keras(spec: KerasTrainSpec) -> list[dict[str, Any]] | None:
+    """Train on this rank's shard; rank 0 returns the history (one dict per epoch)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+
+    import ringcore.keras as hvd
+
+    hvd.init()
+    _set_threads(hvd.local_size())
+    keras.utils.set_random_seed(spec.seed + hvd.rank())
+    model = _rebuild(spec, hvd)
+    start_epoch, history = _restore(model, spec, hvd)
+    with _local_copies(spec) as (train_path, val_path):  # type: ignore[arg-type]
+        val = _validation(spec, val_path, hvd.rank(), hvd.size())
+        with make_reader(
+            train_path,
+            rank=hvd.rank(),
+            size=hvd.size(),
+            batch_size=spec.batch_size,
+            columns=_columns(spec),
+            reader=spec.reader,
+            shuffle=spec.shuffle,
+            seed=spec.seed,
+            workers_count=spec.reader_workers,
+        ) as reader:
+            model.fit(
+                _dataset(spec, iter(reader)),
+                steps_per_epoch=spec.steps_per_epoch,
+                epochs=spec.epochs,
+                initial_epoch=start_epoch,
+                validation_data=val,
+                validation_batch_size=spec.val_batch_size,
+                verbose=0,
+                shuffle=False,  # the reader shuffles (spec.shuffle); Keras cannot shuffle a stream
+                callbacks=[
+                    hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                    hvd.callbacks.MetricAverageCallback(),
+                    _epoch_callback(spec, history, hvd.rank()),
+                    *(cloudpickle.loads(spec.callbacks) if spec.callbacks else []),
+                ],
+            )
+    return history if hvd.rank() == 0 else None
+
+
+# --- driver: inference in Arrow batches, persistence ------------------------------------------
+
+
+def _outputs(result: Any, count: int) -> list[np.ndarray]:
+    outs = [result] if not isinstance(result, list | tuple) else list(result)
+    if len(outs) != count:
+        raise ValueError(
+            f"the Keras model returned {len(outs)} output(s) but label_cols names {count}"
+        )
+    return [np.asarray(o, np.float64) for o in outs]
+
+
+def _to_arrow(values: np.ndarray, rows: int, kind: DataType) -> pa.Array:
+    values = values.reshape(rows, -1)
+    if isinstance(kind, DoubleType):
+        return pa.array(values[:, 0], type=pa.float64())
+    width = values.shape[1]
+    offsets = pa.array(np.arange(0, rows * width + 1, width, dtype=np.int32))
+    return pa.ListArray.from_arrays(offsets, pa.array(values.reshape(-1), type=pa.float64()))
+
+
+def _inputs(columns: dict[str, np.ndarray], staged: list[str]) -> Any:
+    feats = [np.asarray(columns[c], np.float32) for c in staged]
+    feats = [f.reshape(-1, 1) if f.ndim == 1 else f for f in feats]
+    return feats[0] if len(feats) == 1 else feats
+
+
+def keras_predictor(
+    model: Any, shapes: list[list[int]], staged: list[str], keep: int, names: list[str]
+) -> tuple[list[DataType], Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]]:
+    """The output types (from one all-zero row) and the ``mapInArrow`` function: it
+    loads the model once per task and predicts once per Arrow batch."""
+    zeros = [np.zeros((1, *s), np.float32) for s in shapes]
+    probe = _outputs(model(zeros[0] if len(zeros) == 1 else zeros, training=False), len(names))
+    kinds: list[DataType] = [
+        DoubleType() if o.size == 1 else ArrayType(DoubleType(), containsNull=False) for o in probe
+    ]
+    data = model_to_bytes(model)
+
+    def predict(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        loaded = model_from_bytes(data)
+        for batch in batches:
+            rows = batch.num_rows
+            if rows == 0:
+                empty = [
+                    pa.array([], type=pa.float64())
+                    if isinstance(k, DoubleType)
+                    else pa.array([], type=pa.list_(pa.float64()))
+                    for k in kinds
+                ]
+                outs = empty
+            else:
+                result = loaded(_inputs(to_numpy_columns(batch, staged), staged), training=False)
+                outs = [
+                    _to_arrow(o, rows, k)
+                    for o, k in zip(_outputs(result, len(names)), kinds, strict=True)
+                ]
+            yield pa.RecordBatch.from_arrays(
+                batch.columns[:keep] + outs, names=batch.schema.names[:keep] + names
+            )
+
+    return kinds, predict
+
+
+def save_keras_model(model: Any, path: str) -> None:
+    """``<path>/model/model.keras`` (Keras's own format: architecture, weights)."""
+    with fsspec.open(f"{path.rstrip('/')}/model/{_MODEL_FILE}", "wb") as f:
+        f.write(model_to_bytes(model))
+
+
+def load_keras_model(path: str) -> Any:
+    with fsspec.open(f"{path.rstrip('/')}/model/{_MODEL_FILE}", "rb") as f:
+        return model_from_bytes(f.read())

@@ -1,0 +1,333 @@
+"""``spark_runner.run_elastic``: a job that goes on when Spark tasks are lost or added.
+
+A barrier stage is all-or-nothing, so an elastic job runs outside barrier mode: one
+single-task Spark job per slot (``max_num_proc`` of them, submitted from driver
+threads under one job group), so that a lost task fails only its own job. The
+driver is the rendezvous coordinator: it hosts the job's store and publishes the
+generations of the ring (:class:`ringcore._elastic.ElasticDriver`). Each task
+connects to the driver's log server with its worker id — that socket closing is how
+the driver learns at once that a worker died — and joins the ring through the first
+generation that lists it. A task Spark retries (``spark.task.maxFailures``) is a new
+worker and joins the next generation.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import queue
+import sys
+import threading
+import time
+import uuid
+from typing import Any
+
+import cloudpickle
+
+from ringcore import RingError
+from ringcore._config import DEFAULT_ELASTIC_TIMEOUT_S
+from ringcore._elastic import ElasticDriver
+from ringcore._pickling import dumps_with_user_code
+
+from ._elastic_task import ElasticTaskSpec, make_elastic_task
+from ._errors import decode_worker_error
+from ._logserver import LogServer
+from ._run import _active_session, _check_options, _plain_keyboard_interrupt, _say, resolve_timeout
+from ._slots import NotEnoughSlotsError, wait_for_slots
+
+log = logging.getLogger("ringtrain.spark_runner")
+
+POLL_S = 0.1
+
+
+def _resolve_sizes(sc: Any, num_proc, min_num_proc, max_num_proc) -> tuple[int, int, int]:
+    for name, value in (
+        ("num_proc", num_proc),
+        ("min_num_proc", min_num_proc),
+        ("max_num_proc", max_num_proc),
+    ):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+    if num_proc is None:
+        num_proc = max_num_proc or min_num_proc or sc.defaultParallelism
+    min_n = min_num_proc if min_num_proc is not None else num_proc
+    max_n = max_num_proc if max_num_proc is not None else num_proc
+    if not min_n <= num_proc <= max_n:
+        raise ValueError(
+            f"need min_num_proc <= num_proc <= max_num_proc, got {min_n} <= {num_proc} <= {max_n}; "
+            "num_proc is how many workers form the first ring."
+        )
+    return num_proc, min_n, max_n
+
+
+class _SlotJobs:
+    """One single-task Spark job per slot, each on its own driver thread."""
+
+    def __init__(self, sc: Any, group: str, description: str, task: Any):
+        self.sc, self.group, self.description, self.task = sc, group, description, task
+        self.outcomes: queue.Queue[tuple[int, str, Any]] = queue.Queue()
+        self.threads: list[threading.Thread] = []
+
+    def start(self, slots: range) -> None:
+        for slot in slots:
+            thread = threading.Thread(
+                target=self._one, args=(slot,), name=f"ringtrain-elastic-{slot}", daemon=True
+            )
+            self.threads.append(thread)
+            thread.start()
+
+    def _one(self, slot: int) -> None:
+        self.sc.setJobGroup(self.group, self.description, interruptOnCancel=True)
+        try:
+            blobs = self.sc.parallelize([slot], 1).mapPartitions(self.task).collect()
+            self.outcomes.put((slot, "ok", blobs[0]))
+        except Exception as exc:
+            self.outcomes.put((slot, "error", exc))
+
+    def cancel(self) -> None:
+        self.sc.cancelJobGroup(self.group)
+        for thread in self.threads:
+            thread.join(timeout=10.0)
+
+
+class _Membership:
+    """Which workers are in the job: what ``ElasticDriver`` calls ``alive()``."""
+
+    def __init__(self, server: LogServer, max_n: int):
+        self.server, self.max_n = server, max_n
+        self.driver: ElasticDriver | None = None
+
+    def alive(self) -> tuple[list[str], list[str]]:
+        """Members still connected or done, in rank order, then (while no member has
+        finished) newly connected workers up to ``max_num_proc``."""
+        connected, finished = self.server.workers(), self.server.finished()
+        members = self.driver.members if self.driver is not None else []
+        ids = [m for m in members if m in connected or m in finished]
+        hosts = {**{m: "" for m in ids}, **connected}
+        if not any(m in finished for m in members):
+            ids += [w for w in connected if w not in ids and w not in finished]
+        ids = ids[: self.max_n]
+        return ids, [hosts[i] for i in ids]
+
+
+def run_elastic(
+    fn,
+    args: tuple = (),
+    kwargs: dict | None = None,
+    num_proc: int | None = None,
+    min_num_proc: int | None = None,
+    max_num_proc: int | None = None,
+    start_timeout: float | None = None,
+    elastic_timeout: float | None = None,
+    reset_limit: int | None = None,
+    env: dict[str, str] | None = None,
+    stdout: Any = None,
+    stderr: Any = None,
+    verbose: int = 1,
+    prefix_output_with_timestamp: bool = False,
+) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` as an elastic job and return the return values of
+    the workers of the final ring, ordered by rank.
+
+    ``fn`` uses ``ringcore.torch.elastic`` (``TorchState`` / ``ObjectState``,
+    ``ElasticSampler``, ``@elastic.run``). The first ring forms from ``num_proc``
+    workers (default: ``max_num_proc``, else the cluster's parallelism) — or, after
+    ``start_timeout`` (default 600 s, ``RING_SPARK_START_TIMEOUT``), from those that
+    started if there are at least ``min_num_proc`` (default ``num_proc``). When a
+    worker is lost the ring re-forms on the others; tasks that start later (one per
+    slot up to ``max_num_proc``, default ``num_proc``, e.g. a task Spark retried) are
+    added at the workers' next ``commit()``. Below ``min_num_proc`` the driver waits up
+    to ``elastic_timeout`` (default 600 s) for workers to come back, then fails;
+    ``reset_limit`` bounds the number of re-formations. Output options as in ``run``;
+    a line's prefix is the worker's rank in its current ring (``[-]`` before it joined).
+    """
+    _check_options(fn, env, verbose, None)
+    if reset_limit is not None and (not isinstance(reset_limit, int) or reset_limit < 0):
+        raise ValueError(f"reset_limit must be a non-negative integer or None, got {reset_limit!r}")
+    wait_s = DEFAULT_ELASTIC_TIMEOUT_S if elastic_timeout is None else float(elastic_timeout)
+    if wait_s <= 0:
+        raise ValueError(f"elastic_timeout must be > 0 seconds, got {elastic_timeout}")
+    spark = _active_session()
+    if _is_connect(spark):
+        raise RingError(
+            "run_elastic needs a classic SparkSession (the driver hosts the ring's store); "
+            "under Spark Connect use spark_runner.run, which is not elastic."
+        )
+    sc = spark.sparkContext
+    num_proc, min_n, max_n = _resolve_sizes(sc, num_proc, min_num_proc, max_num_proc)
+    timeout = resolve_timeout(start_timeout)
+    slots = wait_for_slots(sc, min_n, timeout)
+    _say(verbose, 2, "the cluster offers %d task slots for %d-%d workers", slots, min_n, max_n)
+    payload = dumps_with_user_code((fn, tuple(args), dict(kwargs or {})), fn)
+    job = _ElasticJob(sc, fn, num_proc, min_n, max_n, timeout, wait_s, reset_limit, verbose)
+    return job.run(payload, env, stdout, stderr, prefix_output_with_timestamp)
+
+
+def _is_connect(spark: Any) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+class _ElasticJob:
+    """The driver's control loop of one elastic job: form, watch, re-form, finish."""
+
+    def __init__(self, sc, fn, num_proc, min_n, max_n, timeout, wait_s, reset_limit, verbose):
+        self.sc, self.name = sc, getattr(fn, "__name__", "fn")
+        self.num_proc, self.min_n, self.max_n = num_proc, min_n, max_n
+        self.timeout, self.wait_s, self.reset_limit, self.verbose = (
+            timeout,
+            wait_s,
+            reset_limit,
+            verbose,
+        )
+        self.results: dict[str, Any] = {}
+
+    def run(self, payload, env, stdout, stderr, timestamps) -> list[Any]:
+        import torch.distributed as dist
+
+        conf = self.sc.getConf()
+        host = conf.get("spark.driver.host", "127.0.0.1")
+        server = LogServer(
+            stdout if stdout is not None else sys.stdout,
+            stderr if stderr is not None else sys.stderr,
+            bind_host=conf.get("spark.driver.bindAddress", host),
+            advertised_host=host,
+        )
+        store = dist.TCPStore(
+            host,
+            0,
+            1,
+            True,
+            timeout=datetime.timedelta(seconds=self.wait_s),
+            wait_for_workers=False,
+        )
+        spec = ElasticTaskSpec(
+            driver_host=host,
+            store_port=int(store.port),
+            log_port=server.port,
+            secret=server.secret,
+            env=dict(env or {}),
+            timestamps=bool(timestamps),
+            wait_s=self.wait_s + self.timeout,
+            reset_limit=self.reset_limit or 0,
+        )
+        group = f"ringtrain-elastic-{uuid.uuid4().hex[:12]}"
+        jobs = _SlotJobs(
+            self.sc,
+            group,
+            f"ringtrain spark_runner.run_elastic of {self.name} on {self.min_n}-{self.max_n} tasks",
+            make_elastic_task(payload, spec),
+        )
+        members = _Membership(server, self.max_n)
+        driver = ElasticDriver(store, members.alive, min_workers=self.min_n)
+        members.driver = driver
+        _say(
+            self.verbose,
+            1,
+            "launching %s elastically on up to %d Spark tasks",
+            self.name,
+            self.max_n,
+        )
+        started = time.monotonic()
+        try:
+            with _plain_keyboard_interrupt():
+                jobs.start(range(self.max_n))
+                self._form(driver, members, jobs)
+                order = self._watch(driver, members, jobs)
+        except BaseException:
+            if driver.members or driver.generation:
+                driver.abort("the elastic job was stopped by the driver")
+            raise
+        finally:
+            jobs.cancel()  # ends the tasks still waiting to join
+            server.close(drain_s=2.0)
+            del store
+        _say(
+            self.verbose,
+            1,
+            "%s finished on %d workers in %.1f s (%d generations of the ring)",
+            self.name,
+            len(order),
+            time.monotonic() - started,
+            driver.generation,
+        )
+        return [self.results[w] for w in order]
+
+    def _failure(self, outcome: Any) -> None:
+        """Raise a worker's own error (its function raised); a lost task just leaves."""
+        err = decode_worker_error(str(outcome))
+        if err is not None and err.error_type != "RingInternalError":
+            raise err from None
+        log.info("an elastic task ended without a result: %s", str(outcome).splitlines()[0][:200])
+
+    def _drain(self, jobs: _SlotJobs) -> None:
+        while True:
+            try:
+                _, kind, value = jobs.outcomes.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "ok":
+                worker_id, result = cloudpickle.loads(value)
+                self.results[worker_id] = result
+            else:
+                self._failure(value)
+
+    def _form(self, driver: ElasticDriver, members: _Membership, jobs: _SlotJobs) -> None:
+        """Publish the first generation once ``num_proc`` workers connected (or, after
+        ``start_timeout``, at least ``min_num_proc``)."""
+        driver.start([])
+        deadline = time.monotonic() + self.timeout
+        while True:
+            self._drain(jobs)
+            ids, hosts = members.alive()
+            if len(ids) >= self.num_proc or (
+                time.monotonic() > deadline and len(ids) >= self.min_n
+            ):
+                driver.publish(ids, hosts)
+                _say(self.verbose, 2, "generation 1 of the ring: %d workers", len(ids))
+                return
+            if time.monotonic() > deadline:
+                raise NotEnoughSlotsError(
+                    f"run_elastic needs at least min_num_proc={self.min_n} tasks but only "
+                    f"{len(ids)} started within start_timeout={self.timeout:.0f} s. Lower "
+                    "min_num_proc, free or add task slots, or raise start_timeout."
+                )
+            time.sleep(POLL_S)
+
+    def _watch(self, driver: ElasticDriver, members: _Membership, jobs: _SlotJobs) -> list[str]:
+        """Re-form the ring as workers come and go; return the final members' ids."""
+        below_since: float | None = None
+        while True:
+            self._drain(jobs)
+            if driver.members and all(m in self.results for m in driver.members):
+                return list(driver.members)
+            ids, hosts = members.alive()
+            if len(ids) < self.min_n:
+                below_since = below_since or time.monotonic()
+                if time.monotonic() - below_since > self.wait_s:
+                    reason = (
+                        f"only {len(ids)} workers left, fewer than min_num_proc={self.min_n}, "
+                        f"for longer than elastic_timeout={self.wait_s:.0f} s"
+                    )
+                    driver.abort(reason)
+                    raise RingError(f"run_elastic of {self.name} stopped: {reason}")
+                time.sleep(POLL_S)
+                continue
+            below_since = None
+            asked = int(driver.store.add(f"elastic/reset/{driver.generation}", 0)) > 0
+            if set(ids) != set(driver.members) or asked:
+                time.sleep(driver.grace_s)  # let every change of the same event show
+                ids, hosts = members.alive()
+                if len(ids) >= self.min_n:
+                    self._republish(driver, ids, hosts)
+            time.sleep(POLL_S)
+
+    def _republish(self, driver: ElasticDriver, ids: list[str], hosts: list[str]) -> None:
+        resets = driver.generation  # re-formations once this one is published
+        if self.reset_limit is not None and resets > self.reset_limit:
+            reason = f"the ring would be re-formed {resets} times, more than reset_limit={self.reset_limit}"
+            driver.abort(reason)
+            raise RingError(f"run_elastic of {self.name} stopped: {reason}")
+        driver.publish(ids, hosts)
+        _say(self.verbose, 2, "generation %d of the ring: %d workers", driver.generation, len(ids))

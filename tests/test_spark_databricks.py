@@ -1,0 +1,40 @@
+"""On Databricks (DATABRICKS_RUNTIME_VERSION set) spark_runner picks other defaults:
+the notebook's session, a longer start timeout, a log server on every address."""
+
+from __future__ import annotations
+
+import pytest
+
+import spark_runner
+from ringcore import RingError
+from spark_runner._platform import DATABRICKS_START_TIMEOUT_S, defaults
+from spark_runner._run import resolve_timeout
+
+
+def test_databricks_runtime_picks_its_defaults(monkeypatch):
+    monkeypatch.delenv(spark_runner.START_TIMEOUT_ENV_VAR, raising=False)
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
+    plain = defaults()
+    assert plain.platform == "Spark" and not plain.use_active_session
+    assert resolve_timeout(None) == spark_runner.DEFAULT_START_TIMEOUT_S == 600
+
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")
+    chosen = defaults()
+    assert chosen.platform == "Databricks Runtime 15.4"
+    assert chosen.use_active_session and chosen.log_bind_host == "0.0.0.0"
+    assert resolve_timeout(None) == DATABRICKS_START_TIMEOUT_S == 900
+    assert resolve_timeout(5) == 5  # an explicit value still wins
+    monkeypatch.setenv(spark_runner.START_TIMEOUT_ENV_VAR, "42")
+    assert resolve_timeout(None) == 42  # and so does the variable
+
+
+def test_local_session_on_databricks_uses_the_notebooks_session_never_a_new_one(monkeypatch):
+    from pyspark.sql import SparkSession
+
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: None))
+    with pytest.raises(RingError, match=r"Databricks Runtime 15.4: no active SparkSession"):
+        spark_runner.local_session("local[2]")
+    notebook_session = object()
+    monkeypatch.setattr(SparkSession, "getActiveSession", classmethod(lambda cls: notebook_session))
+    assert spark_runner.local_session("local[2]") is notebook_session
