@@ -43,7 +43,7 @@ from pyspark.sql.types import ArrayType, DataType, DoubleType
 from ringcore.data import make_reader, read_shard, to_numpy_columns
 
 from ._store import Store
-from ._train_torch import _local_copies
+from ._train_torch import _columns, _local_copies
 
 __all__ = [
     "KerasTrainSpec",
@@ -207,11 +207,6 @@ def load_keras_checkpoint(cfg: Any) -> Any:
 
 
 # --- worker: batches as a tf.data pipeline ------------------------------------------------------
-
-
-def _columns(spec: KerasTrainSpec) -> list[str]:
-    weight = [spec.sample_weight_col] if spec.sample_weight_col is not None else []
-    return spec.feature_cols + spec.label_cols + weight
 
 
 def _arrays(spec: KerasTrainSpec, batch: dict[str, np.ndarray]) -> tuple:

@@ -22,7 +22,7 @@ import shutil
 import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import cloudpickle
 import numpy as np
@@ -209,7 +209,17 @@ def _restore(task: _Task, spec: TrainSpec) -> tuple[int, list[dict[str, Any]]]:
     return done
 
 
-def _columns(spec: TrainSpec) -> list[str]:
+class _ColumnSpec(Protocol):  # TrainSpec and _train_keras.KerasTrainSpec (frozen: read-only)
+    @property
+    def feature_cols(self) -> list[str]: ...
+    @property
+    def label_cols(self) -> list[str]: ...
+    @property
+    def sample_weight_col(self) -> str | None: ...
+
+
+def _columns(spec: _ColumnSpec) -> list[str]:
+    """The columns a worker reads: features, labels, then the weight column if any."""
     weight = [spec.sample_weight_col] if spec.sample_weight_col is not None else []
     return spec.feature_cols + spec.label_cols + weight
 
