@@ -48,7 +48,16 @@ DEFAULT_GLOO_TIMEOUT_S = 60.0
 # backend (see docs/status.md, "Trust model").
 SECRET_KEY_ENV_VAR = "RING_SECRET_KEY"
 
+# Level of the "ringtrain" loggers (Horovod's HOROVOD_LOG_LEVEL names): set at init().
 LOG_LEVEL_ENV_VAR = "RING_LOG_LEVEL"
+LOG_LEVELS = {
+    "trace": 5,
+    "debug": 10,
+    "info": 20,
+    "warning": 30,
+    "error": 40,
+    "fatal": 50,
+}
 
 
 def get_env(name: str, default: str | None = None) -> str | None:

@@ -131,11 +131,36 @@ def init(comm: Any = None, process_sets: Any = None) -> None:
         _init_locked(process_sets)
 
 
+def _apply_log_level() -> None:
+    """``RING_LOG_LEVEL`` (trace/debug/info/warning/error/fatal): the level of the
+    ``ringtrain`` loggers; with no handler configured, lines go to stderr tagged by rank."""
+    value = cfg.get_env(cfg.LOG_LEVEL_ENV_VAR)
+    if not value:
+        return
+    level = cfg.LOG_LEVELS.get(value.strip().lower())
+    if level is None:
+        raise ValueError(
+            f"{cfg.LOG_LEVEL_ENV_VAR}={value!r} is not a log level; use one of "
+            f"{', '.join(cfg.LOG_LEVELS)} (or unset it)"
+        )
+    root = logging.getLogger("ringtrain")
+    root.setLevel(level)
+    if not root.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        rank = os.environ.get(cfg.RANK_ENV_VAR, "?")
+        handler.setFormatter(
+            logging.Formatter(f"[%(asctime)s] [{rank}] %(levelname)s %(name)s: %(message)s")
+        )
+        root.addHandler(handler)
+
+
 def _init_locked(process_sets: Any) -> None:
     global _state, _generation
     if _state is not None:
         return
     import torch.distributed as dist
+
+    _apply_log_level()
 
     if os.environ.get("RING_ELASTIC_LATE") == "1":  # added to a running elastic job
         from ._elastic import join_late

@@ -51,7 +51,12 @@ def _child(payload: bytes, env: dict[str, str], conn: Any) -> None:
         conn.close()
 
 
-def _end(procs: list[Any], grace_s: float = 3.0) -> None:
+def _end(procs: list[Any], grace_s: float = 3.0, exit_s: float = 0.0) -> None:
+    """End ``procs``: wait ``exit_s`` for them to exit on their own (a rank that returned
+    still runs ``shutdown()``, which writes its timeline), then terminate, then kill."""
+    deadline = time.monotonic() + exit_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
     for p in procs:
         if p.is_alive():
             p.terminate()
@@ -192,6 +197,7 @@ def run_workers(
         driver.start([str(r) for r in range(np)])
     growth = sorted(grow or [])
     started = time.monotonic()
+    finished = False
     try:
         deadline = started + timeout
         pending = dict(enumerate(workers.conns))
@@ -220,7 +226,9 @@ def run_workers(
                     pending.update({r: workers.conns[r] for r in new})
                     driver.grow([str(r) for r in new])
                 driver.poll()
+        finished = True
     finally:
-        _end(workers.procs)
+        # every rank returned: give them time to shut down cleanly (timeline, store)
+        _end(workers.procs, exit_s=10.0 if finished else 0.0)
         del store
     return [workers.results[r] for r in range(len(workers.procs))]

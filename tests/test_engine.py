@@ -310,6 +310,25 @@ def test_timeline_writes_chrome_trace_with_every_phase(tmp_path):
     assert all(e["dur"] >= 0 for e in events if e.get("ph") == "X")
 
 
+def _timeline_without_shutdown_worker():
+    import torch
+
+    import ringcore.torch as hvd
+
+    hvd.init()
+    hvd.allreduce(torch.ones(8), name="only.grad")
+    return hvd.rank()  # no shutdown(): the process's own exit path writes the timeline
+
+
+def test_timeline_is_written_when_the_function_returns_without_shutdown(tmp_path):
+    path = tmp_path / "timeline.json"
+    run_workers(
+        _timeline_without_shutdown_worker, np=2, env={"RING_TIMELINE": str(path)}, timeout=60
+    )
+    events = json.loads(path.read_text())
+    assert "only.grad" in {e["args"]["name"] for e in events if e.get("ph") == "M"}
+
+
 def _stall_worker():
     import torch
 
@@ -421,3 +440,28 @@ def test_autotune_tries_each_candidate_and_logs_the_trials_as_csv(tmp_path):
     assert len(best) == 1 and float(best[0]["bytes_per_second"]) == max(
         float(r["bytes_per_second"]) for r in trials
     )
+
+
+def test_ring_log_level_sets_the_ringtrain_loggers_and_rejects_unknown_levels(monkeypatch):
+    import logging
+
+    from ringcore import _runtime
+
+    logger = logging.getLogger("ringtrain")
+    before, handlers = logger.level, list(logger.handlers)
+    try:
+        monkeypatch.setenv("RING_LOG_LEVEL", "DEBUG")
+        _runtime._apply_log_level()
+        assert logger.getEffectiveLevel() == logging.DEBUG
+        monkeypatch.delenv("RING_LOG_LEVEL")
+        monkeypatch.setenv("HOROVOD_LOG_LEVEL", "error")  # Horovod's spelling works too
+        _runtime._apply_log_level()
+        assert logger.getEffectiveLevel() == logging.ERROR
+        monkeypatch.setenv("RING_LOG_LEVEL", "loud")
+        with pytest.raises(
+            ValueError, match=r"RING_LOG_LEVEL='loud' is not a log level; use one of trace, debug"
+        ):
+            _runtime._apply_log_level()
+    finally:
+        logger.setLevel(before)
+        logger.handlers[:] = handlers

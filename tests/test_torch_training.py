@@ -281,3 +281,46 @@ def test_collectives_differentiate_as_horovod_defines():
         )
         # reducescatter (Sum): my input rows for rank j's slice get rank j's weights
         assert torch.allclose(g["reducescatter"], torch.cat([ws[j][:2] for j in range(2)]))
+
+
+def _optimizer_after_a_dead_peer_worker():
+    import os
+    import signal
+
+    import torch
+
+    import ringcore.torch as hvd
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters()
+    )
+    x = torch.ones(2, 4)
+    opt.zero_grad()
+    model(x).sum().backward()
+    opt.step()
+    if hvd.rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # dies before the second step's allreduce
+    opt.zero_grad()
+    model(x).sum().backward()  # the hooks submit allreduces the dead peer never joins
+    try:
+        opt.step()
+    except hvd.RingInternalError:
+        pass
+    else:
+        return "step() did not fail"
+    pending = len(opt._handles)
+    opt.zero_grad()  # an elastic reset does this next: it must not say "still being reduced"
+    return pending
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_step_leaves_no_pending_handles_so_zero_grad_works_after_it(monkeypatch):
+    from ringcore import WorkerError
+
+    monkeypatch.setenv("RING_GLOO_TIMEOUT_SECONDS", "10")
+    res = run_workers(_optimizer_after_a_dead_peer_worker, np=2, timeout=90, return_exceptions=True)
+    assert isinstance(res[1], WorkerError) and res[1].error_type == "ProcessExit"
+    assert res[0] == 0

@@ -425,6 +425,12 @@ def grouped_allgather_async(
     return _register(_Group(base, hs))
 
 
+def discard(handle: int) -> None:
+    """Forget ``handle`` without waiting (after the ring failed); unknown handles are fine."""
+    with _handles_lock:
+        _handles.pop(handle, None)
+
+
 def synchronize_later(handle: int) -> Handle:
     with _handles_lock:
         return _handles.pop(handle)

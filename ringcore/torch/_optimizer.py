@@ -28,7 +28,7 @@ import torch
 from .._ops import ReduceOp
 from .._process_sets import ProcessSet, check_process_set, global_process_set
 from .._runtime import size
-from ._collectives import allreduce_async_, grouped_allreduce_async_, synchronize
+from ._collectives import allreduce_async_, discard, grouped_allreduce_async_, synchronize
 from ._compression import Compression, Compressor
 from ._sparse import sparse_allreduce_async
 
@@ -161,6 +161,27 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         self._submit_group(self._group_of[p])
                     else:
                         self._submit(p)
+        try:
+            self._wait_for_handles()
+        except BaseException:
+            # The ring failed (e.g. RingInternalError after a peer died): forget the
+            # handles of this step so that an elastic reset can zero_grad() and go on.
+            self._forget_pending()
+            raise
+        self._handles.clear()
+        self._delay = dict.fromkeys(self._delay, self.backward_passes_per_step)
+        self._synchronized = True
+
+    def _forget_pending(self) -> None:
+        for handle, _ctx in self._handles.values():
+            if handle is not None:
+                discard(handle)
+        self._handles.clear()
+        self._group_ready.clear()
+        self._delay = dict.fromkeys(self._delay, self.backward_passes_per_step)
+        self._synchronized = False
+
+    def _wait_for_handles(self) -> None:
         with torch.no_grad():
             for p, (handle, ctx) in list(self._handles.items()):
                 if ctx == "sparse":
@@ -177,9 +198,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     out = synchronize(handle)
                     if out.data_ptr() != p.grad.data_ptr():
                         p.grad.copy_(self._compression.decompress(out, c))
-        self._handles.clear()
-        self._delay = dict.fromkeys(self._delay, self.backward_passes_per_step)
-        self._synchronized = True
 
     @contextlib.contextmanager
     def skip_synchronize(self):
