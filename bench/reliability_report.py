@@ -99,6 +99,14 @@ def _git_commit() -> str:
         return "unknown"
 
 
+def _notes(notes: list[str]) -> str:
+    """Distinct notes in first-seen order; a note repeated by many cases once, with its count."""
+    counts: dict[str, int] = {}
+    for note in notes:
+        counts[note] = counts.get(note, 0) + 1
+    return "; ".join(n if k == 1 else f"{n} (x{k})" for n, k in counts.items())
+
+
 def render(cases: list[Case], source: str) -> str:
     rows: dict[tuple[str, str], list[Case]] = defaultdict(list)
     for c in cases:
@@ -130,7 +138,7 @@ def render(cases: list[Case], source: str) -> str:
     ]
     for key in order:
         group = rows[key]
-        notes = "; ".join(c.props["note"] for c in group if c.props.get("note"))
+        notes = _notes([c.props["note"] for c in group if c.props.get("note")])
         lines.append(
             f"| {key[0]} | {key[1]} | {sum(c.cases for c in group)} | {_result(group)} | "
             f"{_seconds(_floats(group, 'detect_s'))} | {_seconds(_floats(group, 'recover_s'))} "

@@ -16,6 +16,7 @@ import uuid
 import numpy as np
 import pytest
 import torch
+from _reliability import record
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DoubleType
 
@@ -316,9 +317,12 @@ def _resumable(store, run_id, callbacks):
     )
 
 
+@pytest.mark.reliability(
+    fault="a worker process SIGKILLed at epoch 2 of 4 (Spark stage retry)", category="fault"
+)
 @pytest.mark.timeout(300)
 def test_a_worker_killed_at_epoch_2_resumes_at_epoch_3_on_spark_retry_with_optimizer_state(
-    spark, tmp_path
+    spark, tmp_path, request
 ):
     df = _regression_frame(spark).cache()
     store = Store.create(str(tmp_path / "store"))
@@ -351,6 +355,10 @@ def test_a_worker_killed_at_epoch_2_resumes_at_epoch_3_on_spark_retry_with_optim
     # no half-written checkpoint is left next to the real one
     run_dir = store.get_checkpoints_path("killed")
     assert sorted(os.listdir(run_dir)) == ["checkpoint.pt"]
+    record(
+        request,
+        note="retry resumed at epoch 3 from the epoch-2 checkpoint; weights as uninterrupted",
+    )
 
 
 # --- RingModel.transform: batched, model loaded once per task ------------------------------------

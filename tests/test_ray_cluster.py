@@ -16,6 +16,7 @@ import threading
 import time
 
 import pytest
+from _reliability import record
 
 ray = pytest.importorskip("ray")
 
@@ -219,8 +220,13 @@ def _wait_for(path: str, timeout_s: float) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.reliability(
+    fault="a Ray node removed mid-training (elastic RingTrainer)", category="fault"
+)
 @pytest.mark.timeout(240)
-def test_elastic_fit_loses_a_node_goes_on_with_one_worker_and_grows_back(two_nodes, tmp_path):
+def test_elastic_fit_loses_a_node_goes_on_with_one_worker_and_grows_back(
+    two_nodes, tmp_path, request
+):
     markers = tmp_path / "markers"
     markers.mkdir()
     cluster = two_nodes
@@ -251,8 +257,10 @@ def test_elastic_fit_loses_a_node_goes_on_with_one_worker_and_grows_back(two_nod
         _wait_for(str(markers / "epoch_1"), 120)
         (worker_node,) = list(cluster.worker_nodes)
         cluster.remove_node(worker_node)
+        removed_at = time.monotonic()
         events.append("removed")
         _wait_for(str(markers / "sizes_2-1"), 120)
+        recovered_s = time.monotonic() - removed_at
         cluster.add_node(**_NODE)
         events.append("added")
     finally:
@@ -271,6 +279,7 @@ def test_elastic_fit_loses_a_node_goes_on_with_one_worker_and_grows_back(two_nod
     assert (result.metrics["sizes"], result.metrics["size"]) == ("2-1-2", 2)
     alive = [a for a in ray._private.state.actors().values() if a["State"] == "ALIVE"]
     assert alive == []  # no worker, pending or not, outlives fit()
+    record(request, recover_s=recovered_s, note="went on with 1 worker, grew back to 2")
 
 
 def test_elastic_num_workers_must_be_an_ordered_pair_of_positive_integers():

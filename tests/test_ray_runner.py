@@ -15,6 +15,7 @@ import sys
 import tempfile
 
 import pytest
+from _reliability import record
 
 import ringcore
 from ringcore import WorkerError
@@ -558,9 +559,10 @@ def test_fit_raises_training_failed_error_carrying_the_failed_ranks_worker_error
 
 
 @pytest.mark.ray
+@pytest.mark.reliability(fault="a Ray actor killed mid-epoch (RingTrainer)", category="fault")
 @pytest.mark.timeout(120)
 def test_fit_resumes_from_the_latest_checkpoint_after_an_actor_is_killed_mid_epoch(
-    ray_cluster, tmp_path, capsys
+    ray_cluster, tmp_path, capsys, request
 ):
     trainer = RingTrainer(
         _killed_once_loop,
@@ -578,6 +580,7 @@ def test_fit_resumes_from_the_latest_checkpoint_after_an_actor_is_killed_mid_epo
     # RingInternalError; either way the driver names an error before restarting
     assert "ActorDiedError" in out or "RingInternalError" in out or "died" in out
     assert "restarting the workers from " + str(tmp_path / "killed" / "checkpoint_000001") in out
+    record(request, note="the new group resumed from checkpoint 1")
 
 
 @pytest.mark.ray

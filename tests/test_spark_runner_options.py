@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from _reliability import record
 
 import spark_runner
 from ringcore import RingError, WorkerError, cuda_built
@@ -174,6 +175,7 @@ def _fails_on_first_attempt(marker_dir):
     return attempt, hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item()
 
 
+@pytest.mark.reliability(fault="a task of a barrier stage fails (Spark retry)", category="fault")
 def test_a_failed_stage_is_retried_as_a_whole_with_the_attempt_number(spark, tmp_path):
     results = spark_runner.run(_fails_on_first_attempt, args=(str(tmp_path),), num_proc=2)
     assert results == [(1, 2.0), (1, 2.0)]
@@ -222,13 +224,20 @@ def _assert_gone_within(pids, timeout):
     assert not [p for p in pids if _alive(p)], "a worker process outlived the cancelled run"
 
 
-def test_keyboard_interrupt_on_the_driver_cancels_the_stage_and_its_workers(spark, tmp_path):
+@pytest.mark.reliability(
+    fault="the driver interrupted (spark_runner.run: Ctrl-C, job cancel)", category="fault"
+)
+def test_keyboard_interrupt_on_the_driver_cancels_the_stage_and_its_workers(
+    spark, tmp_path, request
+):
     main = threading.main_thread().ident
     assert main is not None and threading.get_ident() == main
     pids: list[int] = []
+    sent: list[float] = []
 
     def interrupt():
         pids.extend(_wait_for_pids(str(tmp_path), 2))
+        sent.append(time.monotonic())
         signal.pthread_kill(main, signal.SIGINT)
 
     helper = threading.Thread(target=interrupt, daemon=True)
@@ -239,8 +248,12 @@ def test_keyboard_interrupt_on_the_driver_cancels_the_stage_and_its_workers(spar
     helper.join(5)
     assert len(pids) == 2 and time.monotonic() - started < 50
     _assert_gone_within(pids, 15)
+    record(request, recover_s=time.monotonic() - sent[0], note="Ctrl-C to every worker PID gone")
 
 
+@pytest.mark.reliability(
+    fault="the driver interrupted (spark_runner.run: Ctrl-C, job cancel)", category="fault"
+)
 def test_cancelling_from_another_thread_ends_the_run_and_its_workers(spark, tmp_path):
     outcome: list[BaseException] = []
 
