@@ -6,7 +6,8 @@ line prefixed ``[rank]<stdout>:``; when Spark may retry, a failed stage reruns a
 whole and ``RING_SPARK_ATTEMPT`` tells ``fn`` which attempt it is (to resume from a
 checkpoint). ``run_elastic(fn, min_num_proc=..., max_num_proc=...)`` keeps a
 ``ringcore.torch.elastic`` job going as tasks are lost or added (the driver is the
-rendezvous coordinator). ``local_session()`` builds a SparkSession set up for this machine (tests,
+rendezvous coordinator). On a Spark Connect session ``run`` uses
+``mapInArrow(..., barrier=True)`` and returns results in chunks. ``local_session()`` builds a SparkSession set up for this machine (tests,
 scripts, the demo).
 """
 

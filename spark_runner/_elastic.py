@@ -29,6 +29,7 @@ from ringcore._config import DEFAULT_ELASTIC_TIMEOUT_S
 from ringcore._elastic import ElasticDriver
 from ringcore._pickling import dumps_with_user_code
 
+from ._connect import is_connect
 from ._elastic_task import ElasticTaskSpec, make_elastic_task
 from ._errors import decode_worker_error
 from ._logserver import LogServer
@@ -150,7 +151,7 @@ def run_elastic(
     if wait_s <= 0:
         raise ValueError(f"elastic_timeout must be > 0 seconds, got {elastic_timeout}")
     spark = _active_session()
-    if _is_connect(spark):
+    if is_connect(spark):
         raise RingError(
             "run_elastic needs a classic SparkSession (the driver hosts the ring's store); "
             "under Spark Connect use spark_runner.run, which is not elastic."
@@ -163,10 +164,6 @@ def run_elastic(
     payload = dumps_with_user_code((fn, tuple(args), dict(kwargs or {})), fn)
     job = _ElasticJob(sc, fn, num_proc, min_n, max_n, timeout, wait_s, reset_limit, verbose)
     return job.run(payload, env, stdout, stderr, prefix_output_with_timestamp)
-
-
-def _is_connect(spark: Any) -> bool:
-    return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 class _ElasticJob:

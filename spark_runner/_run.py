@@ -19,6 +19,7 @@ from ringcore import RingError, cuda_built
 from ringcore._config import get_float
 from ringcore._pickling import dumps_with_user_code
 
+from . import _connect
 from ._errors import decode_worker_error
 from ._logserver import LogServer
 from ._platform import defaults
@@ -38,7 +39,11 @@ def _active_session():
     from pyspark.sql import SparkSession
 
     # The active session is per thread; a session made on another thread serves too.
-    spark = SparkSession.getActiveSession() or SparkSession._instantiatedSession
+    spark = (
+        SparkSession.getActiveSession()
+        or SparkSession._instantiatedSession
+        or _connect.connect_session()
+    )
     if spark is None:
         raise RingError(
             "spark_runner.run needs an active SparkSession; create one first, e.g. "
@@ -119,18 +124,24 @@ def _stage_attempt(sc: Any, stage_id: int) -> int:
     return int(info.currentAttemptId) if info is not None else 0
 
 
-def _log_server(sc: Any, stdout: Any, stderr: Any) -> LogServer:
+def _log_server(spark: Any, stdout: Any, stderr: Any) -> LogServer:
+    stdout = stdout if stdout is not None else sys.stdout
+    stderr = stderr if stderr is not None else sys.stderr
+    if _connect.is_connect(spark):  # this client is not Spark's driver: listen where it is
+        host = _connect.client_address(spark)
+        bind = defaults().log_bind_host or host
+        return LogServer(stdout, stderr, bind_host=bind, advertised_host=host)
+    sc = spark.sparkContext
     conf = sc.getConf()
     host = conf.get("spark.driver.host", "127.0.0.1")
     bind = conf.get("spark.driver.bindAddress", defaults().log_bind_host or host)
-    server = LogServer(
-        stdout if stdout is not None else sys.stdout,
-        stderr if stderr is not None else sys.stderr,
+    return LogServer(
+        stdout,
+        stderr,
         bind_host=bind,
         attempt_of=lambda stage_id: _stage_attempt(sc, stage_id),
         advertised_host=host,
     )
-    return server
 
 
 def run(
@@ -166,15 +177,28 @@ def run(
     a failed stage is rerun as a whole (up to ``spark.stage.maxConsecutiveAttempts``);
     ``os.environ["RING_SPARK_ATTEMPT"]`` is then 1, 2, ... so ``fn`` can resume, e.g.
     from its last checkpoint.
+
+    On a Spark Connect session (``SparkSession.builder.remote(...)``) the stage is a
+    ``mapInArrow(..., barrier=True)`` and results come back in chunks; cancellation is
+    by operation tag, the stage is not retried (see ``spark_runner._connect``).
     """
     _check_options(fn, env, verbose, use_gpu)
-    sc = _active_session().sparkContext
-    num_proc, timeout = _resolve_counts(sc, num_proc, start_timeout)
+    spark = _active_session()
+    connect = _connect.is_connect(spark)
+    sc = None if connect else spark.sparkContext
+    if connect:
+        num_proc = _connect.resolve_num_proc(spark, num_proc)
+        timeout = resolve_timeout(start_timeout)
+    else:
+        num_proc, timeout = _resolve_counts(sc, num_proc, start_timeout)
     topology_hosts = _topology_hosts(num_proc)
-    slots = wait_for_slots(sc, num_proc, timeout)
+    if connect:
+        slots = _connect.wait_for_slots(spark, num_proc, timeout)
+    else:
+        slots = wait_for_slots(sc, num_proc, timeout)
     _say(verbose, 2, "the cluster offers %d task slots for %d ranks", slots, num_proc)
     payload = dumps_with_user_code((fn, tuple(args), dict(kwargs or {})), fn)
-    server = _log_server(sc, stdout, stderr)
+    server = _log_server(spark, stdout, stderr)
     spec = TaskSpec(
         num_proc=num_proc,
         env=dict(env or {}),
@@ -187,7 +211,10 @@ def run(
         topology_hosts=topology_hosts,
     )
     try:
-        blobs = _run_stage(sc, fn, payload, spec, verbose)
+        if connect:
+            blobs = _run_connect_stage(spark, fn, payload, spec, verbose)
+        else:
+            blobs = _run_stage(sc, fn, payload, spec, verbose)
     finally:
         server.close()
     results = dict(cloudpickle.loads(b) for b in blobs)
@@ -249,6 +276,17 @@ def _run_stage(sc: Any, fn, payload: bytes, spec: TaskSpec, verbose: int) -> lis
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
         sc.setLocalProperty("spark.job.description", None)
+    _say(
+        verbose, 1, "%s finished on %d ranks in %.1f s", name, num_proc, time.monotonic() - started
+    )
+    return blobs
+
+
+def _run_connect_stage(spark: Any, fn, payload: bytes, spec: TaskSpec, verbose: int) -> list[bytes]:
+    name, num_proc = getattr(fn, "__name__", "fn"), spec.num_proc
+    _say(verbose, 1, "launching %s on %d Spark Connect barrier tasks", name, num_proc)
+    started = time.monotonic()
+    blobs = _connect.run_stage(spark, payload, spec)
     _say(
         verbose, 1, "%s finished on %d ranks in %.1f s", name, num_proc, time.monotonic() - started
     )

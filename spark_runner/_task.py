@@ -50,14 +50,18 @@ class TaskSpec:
 
 
 def gpu_env(ctx: Any, use_gpu: bool | None, local_rank: int) -> dict[str, str]:
-    """``CUDA_VISIBLE_DEVICES``: the GPUs Spark gave this task, else the local rank."""
+    """``CUDA_VISIBLE_DEVICES``: the GPUs Spark gave this task, else the local rank's
+    (counted within the executor's own ``CUDA_VISIBLE_DEVICES`` when it has one, as a
+    container limited to some GPUs does)."""
     if use_gpu is False:
         return {}
     gpus = ctx.resources().get("gpu")
     if gpus is not None and gpus.addresses:
         addresses = ",".join(gpus.addresses)
     elif use_gpu:
-        addresses = str(local_rank)
+        own = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+        own = [d for d in own if d]
+        addresses = own[local_rank % len(own)] if own else str(local_rank)
     else:
         return {}
     return {"CUDA_VISIBLE_DEVICES": addresses, GPU_ADDRESSES_ENV_VAR: addresses}

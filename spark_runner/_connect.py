@@ -1,0 +1,200 @@
+"""``spark_runner.run`` on a Spark Connect session: the barrier stage as
+``DataFrame.mapInArrow(..., barrier=True)``.
+
+A Connect client holds no SparkContext, so there is no RDD to make a barrier stage of.
+Instead a ``num_proc``-partition ``spark.range`` goes through ``mapInArrow`` in barrier
+mode; each task runs the classic path's worker code (:func:`make_barrier_task`, which
+gets its ``BarrierTaskContext`` the same way) and returns its pickled ``(rank, result)``
+as rows ``(rank, chunk, data)`` of at most :data:`CHUNK_BYTES` each, so a large result
+never becomes one oversized Arrow row; the driver joins the chunks in order.
+
+What differs from the classic path: the slot check reads ``spark.master`` and
+``spark.task.cpus`` from ``spark.conf`` (other masters: one small probe job counts the
+cluster's default parallelism); cancellation is by an operation tag
+(``spark.addTag`` / ``spark.interruptTag``) instead of a job group; the log server
+listens on the client's address on the route to the Connect server; the stage is the
+job's last one, so Spark does not retry it and ``RING_SPARK_ATTEMPT`` stays 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from ringcore import RingError
+
+from ._errors import decode_worker_error
+from ._slots import NotEnoughSlotsError
+from ._task import TaskSpec, make_barrier_task
+
+#: bytes of result per Arrow row: well under Connect's 4 MiB Arrow batches
+#: (``spark.connect.grpc.arrow.maxBatchSize``) and gRPC's message limit
+CHUNK_BYTES = 1 << 20
+RESULT_SCHEMA = "rank int, chunk int, data binary"
+PROBE_INTERVAL_S = 2.0
+_LOCAL_N = re.compile(r"^local\[(\d+)(?:,\s*\d+)?\]$")
+_LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]$")
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no SparkContext on this side)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def connect_session() -> Any:
+    """The active (else default) Spark Connect session of this process, or None."""
+    try:
+        from pyspark.sql.connect.session import SparkSession
+    except ImportError:  # the connect extras (grpcio, ...) are not installed
+        return None
+    return SparkSession.getActiveSession() or SparkSession._get_default_session()
+
+
+def _conf(spark: Any, key: str, default: str) -> str:
+    value = spark.conf.get(key, None)
+    return default if value is None else str(value)
+
+
+def _probe_parallelism(spark: Any) -> int:
+    """The cluster's default parallelism: the partitions of a ``spark.range`` without a
+    partition count (one small job)."""
+    from pyspark.sql import functions as F
+
+    row = spark.range(0, 1 << 16).select(F.max(F.spark_partition_id()).alias("p")).first()
+    return int(row["p"]) + 1
+
+
+def task_slots(spark: Any) -> tuple[int, bool]:
+    """Task slots the server's cluster offers, and whether that count is fixed (a local
+    master) rather than growing as executors register."""
+    master = _conf(spark, "spark.master", "")
+    task_cpus = max(int(_conf(spark, "spark.task.cpus", "1")), 1)
+    local = _LOCAL_N.match(master)
+    if local:
+        return int(local.group(1)) // task_cpus, True
+    if master == "local":
+        return 1 // task_cpus, True
+    cluster = _LOCAL_CLUSTER.match(master)
+    if cluster:
+        return int(cluster.group(1)) * int(cluster.group(2)) // task_cpus, True
+    return _probe_parallelism(spark) // task_cpus, master.startswith("local")
+
+
+def resolve_num_proc(spark: Any, num_proc: int | None) -> int:
+    if num_proc is None:
+        num_proc = task_slots(spark)[0]
+    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
+        raise ValueError(f"num_proc must be a positive integer, got {num_proc!r}")
+    return num_proc
+
+
+def wait_for_slots(spark: Any, num_proc: int, timeout_s: float) -> int:
+    """Like the classic check, from what a Connect client can see; raises before the
+    barrier stage when the cluster cannot hold ``num_proc`` tasks at once."""
+    slots, fixed = task_slots(spark)
+    deadline = time.monotonic() + (0.0 if fixed else timeout_s)
+    while slots < num_proc and time.monotonic() < deadline:
+        time.sleep(PROBE_INTERVAL_S)
+        slots = task_slots(spark)[0]
+    if slots >= num_proc:
+        return slots
+    master = _conf(spark, "spark.master", "?")
+    task_cpus = _conf(spark, "spark.task.cpus", "1")
+    hint = (
+        " Dynamic allocation is on: set spark.dynamicAllocation.minExecutors high enough, since a "
+        "barrier stage needs all its slots at once."
+        if _conf(spark, "spark.dynamicAllocation.enabled", "false").lower() == "true"
+        else ""
+    )
+    raise NotEnoughSlotsError(
+        f"The barrier stage needs {num_proc} task slots but the Spark Connect server's cluster "
+        f"has {slots} (master {master}, spark.task.cpus={task_cpus}). Lower num_proc to "
+        f"{max(slots, 1)} or add executors/cores.{hint}"
+    )
+
+
+def client_address(spark: Any) -> str:
+    """This machine's address on the route to the Connect server (what its executors
+    can reach, when they can reach the client at all). Sends nothing."""
+    server = str(spark.client.host or "127.0.0.1")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((server, 9))  # a UDP "connect" only picks the route
+            return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"
+
+
+def make_arrow_task(payload: bytes, spec: TaskSpec):
+    """The function given to ``mapInArrow(..., barrier=True)``: the classic worker, its
+    one result blob cut into ``(rank, chunk, data)`` rows."""
+    barrier_task = make_barrier_task(payload, spec)
+
+    def task(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from pyspark import BarrierTaskContext
+
+        for _ in batches:  # the partition's one input row carries nothing
+            pass
+        rank = BarrierTaskContext.get().partitionId()
+        blob = b"".join(barrier_task(iter(())))
+        schema = pa.schema([("rank", pa.int32()), ("chunk", pa.int32()), ("data", pa.binary())])
+        for index, start in enumerate(range(0, max(len(blob), 1), CHUNK_BYTES)):
+            data = [blob[start : start + CHUNK_BYTES]]
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([rank], pa.int32()), pa.array([index], pa.int32()), pa.array(data)],
+                schema=schema,
+            )
+
+    return task
+
+
+def reassemble(table: Any, num_proc: int) -> list[bytes]:
+    """One blob per rank, ordered by rank, from the ``(rank, chunk, data)`` rows."""
+    pieces: dict[int, dict[int, bytes]] = {}
+    for rank, chunk, data in zip(
+        table.column("rank").to_pylist(),
+        table.column("chunk").to_pylist(),
+        table.column("data").to_pylist(),
+    ):
+        pieces.setdefault(int(rank), {})[int(chunk)] = data
+    if sorted(pieces) != list(range(num_proc)):
+        raise RingError(f"expected results from ranks 0..{num_proc - 1}, got {sorted(pieces)}")
+    blobs = []
+    for rank in range(num_proc):
+        chunks = pieces[rank]
+        if sorted(chunks) != list(range(len(chunks))):
+            raise RingError(f"rank {rank}'s result came back with chunks missing")
+        blobs.append(b"".join(chunks[i] for i in range(len(chunks))))
+    return blobs
+
+
+def run_stage(spark: Any, payload: bytes, spec: TaskSpec) -> list[bytes]:
+    """The barrier stage under its own operation tag; interrupted if anything stops it."""
+    num_proc = spec.num_proc
+    tag = f"ringtrain-{uuid.uuid4().hex[:12]}"
+    spark.addTag(tag)
+    try:
+        frame = spark.range(0, num_proc, 1, num_proc).mapInArrow(
+            make_arrow_task(payload, spec), RESULT_SCHEMA, barrier=True
+        )
+        table = frame.toArrow()
+    except BaseException as exc:
+        with contextlib.suppress(Exception):  # a dead server has nothing left to stop
+            spark.interruptTag(tag)  # no task, and no Python worker, outlives the call
+        if not isinstance(exc, Exception):
+            raise
+        worker_error = decode_worker_error(str(exc))
+        if worker_error is not None:
+            raise worker_error from None
+        raise RingError(
+            f"the Spark barrier stage of {num_proc} tasks (Spark Connect) failed: {exc}"
+        ) from exc
+    finally:
+        spark.removeTag(tag)
+    return reassemble(table, num_proc)

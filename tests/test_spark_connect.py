@@ -1,0 +1,216 @@
+"""spark_runner.run on a Spark Connect session: a real Spark Connect server started from
+the pyspark package (``spark-submit --class ...SparkConnectServer``) on 127.0.0.1 with
+``local[2]``, stopped by PID at the end; the barrier stage is ``mapInArrow(barrier=True)``."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import spark_runner
+from ringcore import RingError, WorkerError
+from spark_runner._connect import CHUNK_BYTES, is_connect
+
+pytestmark = pytest.mark.spark
+
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_for_port(port: int, proc: subprocess.Popen, log: str, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            with open(log) as out:
+                raise RuntimeError(f"the Connect server exited ({proc.returncode}):\n{out.read()}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.3)
+    raise RuntimeError(f"the Spark Connect server did not listen on {port} within {timeout} s")
+
+
+def _stop_tree(proc: subprocess.Popen) -> None:
+    """Stop the server we started and whatever it started (its Python workers)."""
+    import psutil
+
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=20)
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory):
+    import pyspark
+
+    home = os.path.dirname(pyspark.__file__)
+    work = tmp_path_factory.mktemp("spark-connect")
+    port, log = _free_port(), str(work / "server.log")
+    env = dict(
+        os.environ, SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable
+    )
+    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
+    command = [
+        os.path.join(home, "bin", "spark-submit"), "--class", SERVER_CLASS,
+        "--master", "local[2]", "--name", "test_spark_connect",
+        "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+        "--conf", f"spark.connect.grpc.binding.port={port}",
+        "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+        "--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false",
+        "--conf", f"spark.executorEnv.PYSPARK_PYTHON={sys.executable}",
+        "spark-internal",
+    ]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, env=env, cwd=work, stdout=out, stderr=out)
+    try:
+        _wait_for_port(port, proc, log)
+        yield f"sc://localhost:{port}"
+    finally:
+        _stop_tree(proc)
+
+
+@pytest.fixture(scope="module")
+def spark(connect_server):
+    from pyspark.sql import SparkSession
+
+    had_mode = "SPARK_CONNECT_MODE_ENABLED" in os.environ
+    session = SparkSession.builder.remote(connect_server).getOrCreate()
+    try:
+        yield session
+    finally:
+        session.stop()
+        if not had_mode:  # the builder marks the whole process as Connect: undo it
+            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+
+
+def _ring(size):
+    import torch
+
+    import ringcore.torch as hvd
+
+    hvd.init()
+    print(f"rank {hvd.rank()} of {hvd.size()} says hi")
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
+    big = bytes(range(256)) * (size // 256) + bytes([hvd.rank()]) * (hvd.rank() + 1)
+    return hvd.rank(), hvd.size(), total, os.getpid(), big
+
+
+@pytest.mark.timeout(120)
+def test_run_on_spark_connect_returns_each_ranks_allreduce_in_rank_order(spark):
+    assert is_connect(spark)
+    out = io.StringIO()
+    size = 2 * CHUNK_BYTES + 1000  # three chunks per rank
+    results = spark_runner.run(_ring, args=(size,), num_proc=2, stdout=out)
+    assert [r[:3] for r in results] == [(0, 2, 3.0), (1, 2, 3.0)]
+    assert len({r[3] for r in results}) == 2  # two worker processes
+    for rank, result in enumerate(results):  # the large value came back whole, in order
+        expected = bytes(range(256)) * (size // 256) + bytes([rank]) * (rank + 1)
+        assert len(result[4]) > CHUNK_BYTES and result[4] == expected
+    lines = out.getvalue().splitlines()
+    assert "[0]<stdout>:rank 0 of 2 says hi" in lines
+    assert "[1]<stdout>:rank 1 of 2 says hi" in lines
+
+
+def _fails_on_rank_one():
+    import ringcore.torch as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        raise KeyError("label column vanished")
+    hvd.barrier()
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_exception_on_connect_is_raised_naming_its_rank(spark):
+    with pytest.raises(WorkerError) as info:
+        spark_runner.run(_fails_on_rank_one, num_proc=2)
+    err = info.value
+    assert err.rank == 1 and err.error_type == "KeyError" and err.host == "127.0.0.1"
+    assert "label column vanished" in str(err) and "_fails_on_rank_one" in err.traceback
+
+
+@pytest.mark.timeout(60)
+def test_num_proc_beyond_the_servers_slots_is_refused_before_the_stage(spark):
+    with pytest.raises(spark_runner.NotEnoughSlotsError) as info:
+        spark_runner.run(_fails_on_rank_one, num_proc=3)
+    message = str(info.value)
+    assert "needs 3 task slots" in message and "has 2" in message
+    assert "master local[2]" in message and "Lower num_proc to 2" in message
+    with pytest.raises(ValueError, match="num_proc must be a positive integer, got 0"):
+        spark_runner.run(_fails_on_rank_one, num_proc=0)
+    with pytest.raises(RingError, match="run_elastic needs a classic SparkSession"):
+        spark_runner.run_elastic(_fails_on_rank_one, num_proc=2)
+
+
+def _sleeps(pid_dir):
+    with open(os.path.join(pid_dir, str(os.getpid())), "w"):
+        pass
+    time.sleep(60)
+
+
+def _alive(pid):
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@pytest.mark.timeout(90)
+def test_keyboard_interrupt_on_the_client_interrupts_the_stage_and_its_workers(spark, tmp_path):
+    main = threading.main_thread().ident
+    assert main is not None and threading.get_ident() == main
+    pids: list[int] = []
+
+    def interrupt():
+        deadline = time.monotonic() + 60
+        while len(pids) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            pids[:] = [int(p) for p in os.listdir(tmp_path)]
+        signal.pthread_kill(main, signal.SIGINT)
+
+    # A classic SparkContext that an earlier test module started and stopped leaves
+    # pyspark's SIGINT handler installed (it calls cancelAllJobs on a dead context):
+    # a Connect client process gets Python's own handler here, as a fresh one has.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        helper = threading.Thread(target=interrupt, daemon=True)
+        helper.start()
+        with pytest.raises(KeyboardInterrupt):
+            spark_runner.run(_sleeps, args=(str(tmp_path),), num_proc=2)
+        helper.join(5)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(pids) == 2
+    deadline = time.monotonic() + 20
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in pids if _alive(p)], "a worker process outlived the interrupted run"
+    # and the session still works after the interrupt
+    assert spark.range(3).count() == 3
