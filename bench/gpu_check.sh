@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The GPU device check: GPU tests, allreduce on CUDA tensors ours vs raw
+# The GPU device check: GPU tests (pytest -m gpu on tests/test_gpu.py and
+# tests/test_gpu_runners.py: NCCL ring, CUDA tensors through Gloo, training steps,
+# RingEstimator(use_gpu=True) fit + transform on Spark local[1], RingTrainer and
+# RayExecutor with use_gpu on a local Ray), allreduce on CUDA tensors ours vs raw
 # torch.distributed (1 MB - 1 GB), training samples/s ours vs DDP, one JSON report
 # ($OUT/gpu_check.json when OUT is set, else bench/results/gpu_check.json).
 # On a machine without a GPU it passes with CPU-only results and says so.
+# Needs torch (a CUDA build on the GPU machine), pyspark and ray in $PYTHON.
 # Usage: bench/gpu_check.sh [--quick]   (PYTHON=... picks the interpreter)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -3,7 +3,9 @@
 Features and labels may be numeric scalars, arrays of numbers or Spark ML Vectors.
 Vectors and arrays become ``array<float>`` (one 2-D numpy array per batch on the
 workers); scalar features become ``float``; scalar labels keep integers as
-``bigint`` (class indices) and other numbers as ``float``.
+``bigint`` (class indices) and other numbers as ``float``. :func:`label_kinds` records
+what each label column was (``"scalar"``, ``"array"`` or ``"vector"``) so that
+``RingModel.transform`` gives Vector outputs for Vector labels.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-__all__ = ["check_columns", "feature_expr", "label_expr"]
+__all__ = ["LABEL_KINDS", "check_columns", "feature_expr", "label_expr", "label_kinds"]
 
 _SUPPORTED = "numeric scalars, arrays of numbers and Spark ML Vectors"
+LABEL_KINDS = ("scalar", "array", "vector")
 
 
 def _is_number(dtype: DataType) -> bool:
@@ -124,3 +127,15 @@ def label_expr(field: StructField) -> Column:
     if isinstance(dtype, (FractionalType, DecimalType, BooleanType)):
         return column.cast("float").alias(field.name)
     return _array_of_float(column, dtype).alias(field.name)
+
+
+def label_kinds(schema: StructType, columns: Sequence[str]) -> list[str]:
+    """Per label column of ``schema``: ``"vector"`` (a Spark ML Vector), ``"array"`` or
+    ``"scalar"`` — one of :data:`LABEL_KINDS`."""
+
+    def kind(dtype: DataType) -> str:
+        if isinstance(dtype, VectorUDT):
+            return "vector"
+        return "array" if isinstance(dtype, ArrayType) else "scalar"
+
+    return [kind(schema[name].dataType) for name in columns]

@@ -20,6 +20,7 @@ from pyspark.ml import Estimator
 from pyspark.sql import DataFrame, SparkSession
 
 from ._checks import check_slots, launch
+from ._columns import label_kinds
 from ._config import FitConfig, resolve_config
 from ._frameworks import KERAS, LIGHTNING
 from ._mlflow import log_to_mlflow
@@ -27,6 +28,7 @@ from ._model import RingModel
 from ._params import ESTIMATOR_PARAMS, GeneratedAccessors, init_params, with_params
 from ._prepare import PreparedData, describe_parquet, prepare_data
 from ._report import HistoryPrinter
+from ._spec import data_spec_fields
 from ._train_torch import TrainSpec, as_outputs, train
 
 __all__ = ["RingEstimator"]
@@ -54,24 +56,7 @@ def _train_spec(cfg: FitConfig, data: PreparedData) -> TrainSpec:
         ),
         optimizer_groups=_optimizer_groups(cfg.model, cfg.optimizer),
         optimizer_state=cfg.optimizer.state_dict() if cfg.optimizer is not None else {},
-        feature_cols=cfg.feature_cols,
-        label_cols=cfg.label_cols,
-        train_path=data.train_path,
-        val_path=data.val_path,
-        batch_size=cfg.batch_size,
-        val_batch_size=cfg.val_batch_size,
-        epochs=cfg.epochs,
-        steps_per_epoch=data.steps_per_epoch,
-        val_steps=cfg.validation_steps_per_epoch,
-        shuffle=cfg.shuffle,
-        seed=cfg.seed,
-        reader=cfg.reader,
-        reader_workers=cfg.reader_workers,
-        backward_passes_per_step=cfg.backward_passes_per_step,
-        store=cfg.store,
-        run_id=cfg.run_id,
-        sample_weight_col=cfg.sample_weight_col,
-        transformation_fn=cfg.transformation_fn,
+        **data_spec_fields(cfg, data),
         framework=cfg.framework,
         use_gpu=cfg.use_gpu,
         inmemory_cache_all=cfg.inmemory_cache_all,
@@ -170,7 +155,9 @@ class RingEstimator(GeneratedAccessors, Estimator):
         cfg = resolve_config(self, dataset)
         if self.launcher is spark_launcher:
             check_slots(dataset.sparkSession, cfg.num_proc)  # before the data is written
-        return self._train(cfg, prepare_data(dataset, cfg))
+        model = self._train(cfg, prepare_data(dataset, cfg))
+        # Vector labels give Vector outputs (RingModel.transform); Parquet keeps only arrays
+        return model.setLabelKinds(label_kinds(dataset.schema, cfg.label_cols))
 
     def fit_on_parquet(
         self, train_path: str, val_path: str | None = None, params: dict | None = None
@@ -207,6 +194,7 @@ class RingEstimator(GeneratedAccessors, Estimator):
             output_cols=[f"{label}__output" for label in cfg.label_cols],
             feature_shapes=data.feature_shapes,
             store=cfg.store,
+            use_gpu=self.getUseGpu(),  # as set (None: auto), so transform decides per task
         )
 
 
@@ -218,7 +206,8 @@ def _load_keras_model(cfg: FitConfig) -> Any:  # Keras: the checkpoint is a .ker
 
 def _load_torch_model(cfg: FitConfig) -> torch.nn.Module:
     raw = cfg.store.read_bytes(cfg.store.get_checkpoint_path(cfg.run_id))
-    checkpoint = torch.load(io.BytesIO(raw), weights_only=True)
+    # map_location: a checkpoint of an older run may hold CUDA tensors; the driver may have no GPU
+    checkpoint = torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu")
     model = copy.deepcopy(cfg.model)
     model.load_state_dict(checkpoint["model"])
     model.eval()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.ml.param import Param, Params, TypeConverters
 
+from ._columns import LABEL_KINDS
 from ._store import Store
 
 __all__ = [
@@ -87,6 +88,18 @@ def _to_history(value: Any) -> list[dict[str, Any]]:
     return [dict(entry) for entry in value]
 
 
+def _to_label_kinds(value: Any) -> list[str]:
+    """Per label column, what it was at fit time: "scalar", "array" or "vector"."""
+    kinds = _to_columns(value)
+    wrong = [k for k in kinds if k not in LABEL_KINDS]
+    if wrong:
+        raise ValueError(
+            f"label_kinds takes {', '.join(map(repr, LABEL_KINDS))} per label column, "
+            f"got {wrong[0]!r}."
+        )
+    return kinds
+
+
 _int = TypeConverters.toInt
 _str = TypeConverters.toString
 _bool = TypeConverters.toBoolean
@@ -130,9 +143,11 @@ MODEL_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("run_id", _str, None, "the run that trained this model"),
     ParamSpec("feature_cols", _to_columns, None, "input columns, passed to model(*features) in this order"),
     ParamSpec("label_cols", _to_columns, None, "label columns the model was trained on"),
+    ParamSpec("label_kinds", _to_label_kinds, None, "per label column, 'scalar', 'array' or 'vector' (a Spark ML Vector) as at fit time; a 'vector' label gives a dense Vector output column; default: typed from the output's shape"),
     ParamSpec("output_cols", _to_columns, None, "columns transform() appends; default: <label>__output"),
     ParamSpec("feature_shapes", _any, None, "per feature column, the shape of one row's value, e.g. [[64]]"),
     ParamSpec("store", _to_store, None, "the Store the model was trained in"),
+    ParamSpec("use_gpu", _bool, None, "torch: transform() predicts on the task's GPU; None (default): when the task sees CUDA; True: a task without CUDA fails"),
 )
 # fmt: on
 

@@ -3,8 +3,8 @@
 Layout under ``path`` (a local path or a URL Spark and fsspec both understand)::
 
     <path>/metadata/          Spark ML's JSON metadata (DefaultParamsWriter): class, uid,
-                              the JSON params (history, run_id, columns, feature shapes,
-                              the store's prefix) and ``ringtrain`` extras
+                              the JSON params (history, run_id, columns, label kinds,
+                              feature shapes, the store's prefix) and ``ringtrain`` extras
     <path>/model/weights.pt   torch.save of the module's state_dict (+ non-persistent buffers)
     <path>/model/module.pkl   cloudpickle of the module's *structure*, its tensors on the
                               ``meta`` device (no weights)
@@ -42,7 +42,16 @@ if TYPE_CHECKING:
 __all__ = ["RingModelReader", "RingModelWriter"]
 
 FORMAT_VERSION = 1
-_JSON_PARAMS = ("history", "run_id", "feature_cols", "label_cols", "output_cols", "feature_shapes")
+_JSON_PARAMS = (
+    "history",
+    "run_id",
+    "feature_cols",
+    "label_cols",
+    "label_kinds",
+    "output_cols",
+    "feature_shapes",
+    "use_gpu",
+)
 
 
 def _join(path: str, *parts: str) -> str:

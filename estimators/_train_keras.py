@@ -42,7 +42,7 @@ from pyspark.sql.types import ArrayType, DataType, DoubleType
 
 from ringcore.data import make_reader, read_shard, to_numpy_columns
 
-from ._store import Store
+from ._spec import DataSpec, data_spec_fields
 from ._train_torch import _columns, _local_copies
 
 __all__ = [
@@ -59,30 +59,12 @@ __all__ = [
 _MODEL_FILE = "model.keras"
 
 
-@dataclass(frozen=True)
-class KerasTrainSpec:
+@dataclass(frozen=True, kw_only=True)
+class KerasTrainSpec(DataSpec):
     """Everything a Keras worker needs, as picklable data."""
 
     model_bytes: bytes  # the model as a .keras file
     compile_objects: bytes  # cloudpickle of (optimizer config, loss, metrics)
-    feature_cols: list[str]
-    label_cols: list[str]
-    train_path: str
-    val_path: str | None
-    batch_size: int
-    val_batch_size: int
-    epochs: int
-    steps_per_epoch: int
-    val_steps: int | None
-    shuffle: bool
-    seed: int
-    reader: str
-    reader_workers: int
-    backward_passes_per_step: int
-    store: Store
-    run_id: str
-    sample_weight_col: str | None = None
-    transformation_fn: Any = None
     callbacks: bytes = b""  # cloudpickle of the user's keras.callbacks.Callback list
 
 
@@ -178,24 +160,7 @@ def keras_worker(cfg: Any, data: Any) -> tuple[Callable[..., Any], tuple]:
     spec = KerasTrainSpec(
         model_bytes=model_to_bytes(cfg.model),
         compile_objects=cloudpickle.dumps(objects),
-        feature_cols=cfg.feature_cols,
-        label_cols=cfg.label_cols,
-        train_path=data.train_path,
-        val_path=data.val_path,
-        batch_size=cfg.batch_size,
-        val_batch_size=cfg.val_batch_size,
-        epochs=cfg.epochs,
-        steps_per_epoch=data.steps_per_epoch,
-        val_steps=cfg.validation_steps_per_epoch,
-        shuffle=cfg.shuffle,
-        seed=cfg.seed,
-        reader=cfg.reader,
-        reader_workers=cfg.reader_workers,
-        backward_passes_per_step=cfg.backward_passes_per_step,
-        store=cfg.store,
-        run_id=cfg.run_id,
-        sample_weight_col=cfg.sample_weight_col,
-        transformation_fn=cfg.transformation_fn,
+        **data_spec_fields(cfg, data),
         callbacks=cloudpickle.dumps(list(cfg.callbacks)),
     )
     return train_keras, (spec,)

@@ -42,36 +42,18 @@ from ._lightning import (
     step_loss,
 )
 from ._metrics import resolve_metrics
-from ._store import Store
+from ._spec import DataSpec
 
-__all__ = ["TrainSpec", "as_outputs", "to_inputs", "train"]
+__all__ = ["TrainSpec", "as_outputs", "to_device", "to_inputs", "train"]
 
 
-@dataclass(frozen=True)
-class TrainSpec:
-    """Everything a worker needs, as picklable data (no SparkSession, no estimator)."""
+@dataclass(frozen=True, kw_only=True)
+class TrainSpec(DataSpec):
+    """Everything a torch / Lightning worker needs, as picklable data (no SparkSession)."""
 
     user_objects: bytes  # cloudpickle of (model, optimizer class, loss, metrics)
     optimizer_groups: list[list[int]]  # per param group: indices into model.parameters()
     optimizer_state: dict[str, Any]  # the driver optimizer's state_dict()
-    feature_cols: list[str]
-    label_cols: list[str]
-    train_path: str
-    val_path: str | None
-    batch_size: int
-    val_batch_size: int
-    epochs: int
-    steps_per_epoch: int
-    val_steps: int | None
-    shuffle: bool
-    seed: int
-    reader: str
-    reader_workers: int
-    backward_passes_per_step: int
-    store: Store
-    run_id: str
-    sample_weight_col: str | None = None  # per-row weights of the loss
-    transformation_fn: Any = None  # fn(batch) -> batch, on every batch
     framework: str = TORCH  # _frameworks.TORCH or LIGHTNING (its own training_step)
     use_gpu: bool = False  # model and batches on cuda:<local rank>
     inmemory_cache_all: bool = False  # read the shard once, serve every epoch from memory
@@ -142,10 +124,11 @@ def _as_target(output: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
 
 def _device(spec: TrainSpec) -> torch.device:
     if spec.use_gpu and torch.cuda.is_available():
-        # spark_runner pins one GPU per task (CUDA_VISIBLE_DEVICES) when Spark assigns
-        # them; otherwise take the local rank's.
-        count = torch.cuda.device_count()
-        return torch.device("cuda", hvd.local_rank() % count if count else 0)
+        # The GPU init() pinned (the one Spark assigned to the task, else the local
+        # rank's): the same rule as ringcore's, and torch.cuda.set_device on it.
+        from ringcore._gpu import pin_gpu
+
+        return pin_gpu(hvd.local_rank(), hvd.local_size())
     return torch.device("cpu")
 
 
@@ -268,14 +251,25 @@ def _batch_totals(
     outputs: list[torch.Tensor],
     targets: list[torch.Tensor],
     loss: torch.Tensor,
-) -> np.ndarray:
-    """``[loss * rows, rows, metric * rows, ...]`` of one batch."""
+) -> torch.Tensor:
+    """``[loss * rows, rows, metric * rows, ...]`` of one batch, a float64 tensor on the
+    loss's device: no host sync per step (the epoch's sums are read once, at its end)."""
     rows = len(targets[0])
-    values = [float(loss.detach()) * rows, float(rows)]
     with torch.no_grad():
+        values = [_scalar(loss) * rows, loss.new_full((), rows, dtype=torch.float64)]
         for _, fn in task.metrics:
-            values.extend(float(fn(o, t)) * rows for o, t in zip(outputs, targets, strict=True))
-    return np.asarray(values, dtype=np.float64)
+            values.extend(
+                _scalar(fn(o, t), loss.device) * rows for o, t in zip(outputs, targets, strict=True)
+            )
+    return torch.stack(values)
+
+
+def _scalar(value: Any, device: torch.device | None = None) -> torch.Tensor:
+    """A one-element loss or metric value as a 0-d float64 tensor (on its own device)."""
+    tensor = torch.as_tensor(value.detach() if isinstance(value, torch.Tensor) else value)
+    if device is not None and tensor.device != device:
+        tensor = tensor.to(device)
+    return tensor.to(torch.float64).reshape(())
 
 
 def _per_row_loss(loss_fn: Any, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -304,24 +298,32 @@ def _loss(task: _Task, output: torch.Tensor, target: torch.Tensor, weight: Any) 
     return (_per_row_loss(task.loss, output, target) * weight).mean()
 
 
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device``; to a GPU through pinned memory without blocking the host
+    (torch's caching host allocator keeps the pinned buffer until the copy is done)."""
+    if device.type != "cuda":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
 def _forward(task: _Task, spec: TrainSpec, batch: dict[str, np.ndarray]):
-    inputs = [t.to(task.device) for t in to_inputs(batch, spec.feature_cols)]
+    inputs = [to_device(t, task.device) for t in to_inputs(batch, spec.feature_cols)]
     outputs = as_outputs(task.model(*inputs), len(spec.label_cols))
     targets = [
-        _as_target(o, _tensor(batch[c]).to(task.device))
+        _as_target(o, to_device(_tensor(batch[c]), task.device))
         for o, c in zip(outputs, spec.label_cols, strict=True)
     ]
     weight = None
     if spec.sample_weight_col is not None:
         weight = _tensor(batch[spec.sample_weight_col]).to(torch.float32).reshape(-1)
-        weight = weight.to(task.device)
+        weight = to_device(weight, task.device)
     loss = sum(_loss(task, o, t, weight) for o, t in zip(outputs, targets, strict=True))
     return outputs, targets, loss
 
 
 def _lightning_batch(task: _Task, spec: TrainSpec, batch: dict[str, np.ndarray]) -> dict:
     """``{column: tensor}``: features float32, labels and weights as stored."""
-    tensors = {c: _tensor(batch[c]).to(task.device) for c in _columns(spec)}
+    tensors = {c: to_device(_tensor(batch[c]), task.device) for c in _columns(spec)}
     for c in spec.feature_cols:
         tensors[c] = tensors[c].to(torch.float32)
     return tensors
@@ -350,8 +352,7 @@ def _step_totals(task: _Task, spec: TrainSpec, batch: dict[str, np.ndarray], ste
                 "training_step returned None; ringtrain does not skip steps (every rank "
                 "must step together). Return the loss."
             )
-        totals = np.zeros(2)
-        totals[:2] = (float(loss.detach()) * rows, rows)
+        totals = torch.stack([_scalar(loss) * rows, loss.new_full((), rows, dtype=torch.float64)])
         return loss, totals
     outputs, targets, loss = _forward(task, spec, batch)
     return loss, _batch_totals(task, spec, outputs, targets, loss)
@@ -363,7 +364,7 @@ def _width(task: _Task, spec: TrainSpec) -> int:
 
 def _train_epoch(task: _Task, spec: TrainSpec, batches: Any) -> np.ndarray:
     task.model.train()
-    totals = np.zeros(_width(task, spec))
+    totals = torch.zeros(_width(task, spec), dtype=torch.float64, device=task.device)
     every = spec.backward_passes_per_step
     task.optimizer.zero_grad()
     for step in range(spec.steps_per_epoch):
@@ -382,8 +383,9 @@ def _train_epoch(task: _Task, spec: TrainSpec, batches: Any) -> np.ndarray:
                 task.scheduler.step()
         totals += row
         if task.callbacks:
-            task.callbacks.call("on_batch_end", step, {"loss": row[0] / row[1], "rows": row[1]})
-    return totals
+            loss_sum, rows = row[:2].tolist()  # a host sync, only when callbacks want it
+            task.callbacks.call("on_batch_end", step, {"loss": loss_sum / rows, "rows": rows})
+    return totals.cpu().numpy()
 
 
 def _val_batches(spec: TrainSpec, data: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
@@ -403,10 +405,11 @@ def _evaluate(task: _Task, spec: TrainSpec, data: dict[str, np.ndarray] | None) 
     with torch.no_grad():
         if task.lightning:
             return _evaluate_lightning(task, spec, data, totals)
+        summed = torch.zeros(len(totals), dtype=torch.float64, device=task.device)
         for batch in _val_batches(spec, data):
             outputs, targets, loss = _forward(task, spec, batch)
-            totals += _batch_totals(task, spec, outputs, targets, loss)
-    return totals
+            summed += _batch_totals(task, spec, outputs, targets, loss)
+    return summed.cpu().numpy()
 
 
 def _evaluate_lightning(
@@ -471,14 +474,25 @@ def _logged_means(recorder: LogRecorder) -> dict[str, float]:
     return {n: float(s / max(w, 1e-12)) for n, (s, w) in zip(names, sums.tolist(), strict=True)}
 
 
+def _on_cpu(value: Any) -> Any:
+    """``value`` (a state_dict, nested dicts / lists) with every tensor copied to the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _on_cpu(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_on_cpu(v) for v in value)
+    return value
+
+
 def _save_checkpoint(
     task: _Task, spec: TrainSpec, epoch: int, history: list[dict[str, Any]]
 ) -> None:
     """Rank 0, after each epoch: written to a temporary name and renamed (write_atomic),
     so a worker killed meanwhile leaves the previous checkpoint whole."""
-    state = {
-        "model": task.model.state_dict(),
-        "optimizer": task.optimizer.state_dict(),
+    state = {  # CPU copies: the driver (maybe without a GPU) loads this checkpoint
+        "model": _on_cpu(task.model.state_dict()),
+        "optimizer": _on_cpu(task.optimizer.state_dict()),
         "epoch": epoch + 1,
         "history": history,
     }

@@ -30,6 +30,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from ringcore import RingError, WorkerError, topology_from_hosts, worker_env
 from ringcore._auth import new_secret
 from ringcore._config import HOSTNAME_ENV_VAR
+from ringcore._gpu import GpuUnavailableError
 
 from . import _constants as const
 from ._errors import PlacementGroupTimeoutError
@@ -37,7 +38,7 @@ from ._worker import CONTROL_GROUP, RingWorker
 
 log = logging.getLogger("ringtrain.ray_runner")
 
-__all__ = ["RayExecutor", "cuda_visible_devices"]
+__all__ = ["RayExecutor", "check_cluster_gpus", "cuda_visible_devices"]
 
 _LOOPBACK = "127.0.0.1"
 
@@ -146,6 +147,7 @@ class RayExecutor:
             )
         if self._workers:
             raise RingError("this RayExecutor is already started; call shutdown() first")
+        check_cluster_gpus(self.gpus_per_worker, "RayExecutor")
         try:
             self._pg = self._place()
             self._workers, self._hosts, self._node_ids = self._create_workers(self._pg)
@@ -390,6 +392,20 @@ class RayExecutor:
         if self.gpus_per_worker:
             per_worker["GPU"] = self.gpus_per_worker
         return per_worker
+
+
+def check_cluster_gpus(gpus_per_worker: float | None, where: str) -> None:
+    """``use_gpu=True`` on a Ray cluster that has no GPU at all fails at once, instead of
+    waiting out the placement timeout."""
+    if not gpus_per_worker:
+        return
+    total = ray.cluster_resources()
+    if total.get("GPU", 0) <= 0:
+        raise GpuUnavailableError(
+            f"{where}: use_gpu=True but the Ray cluster has no GPUs (its resources: "
+            f"CPU={total.get('CPU', 0):g}, GPU=0). Start Ray on GPU nodes (ray start "
+            "--num-gpus=N, or ray.init(num_gpus=N) for a local instance), or pass use_gpu=False."
+        )
 
 
 def cuda_visible_devices(node_ids: list[str], gpu_ids: list[list]) -> list[str]:

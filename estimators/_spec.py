@@ -1,0 +1,62 @@
+"""What a training worker gets from the driver: the data-path half shared by every framework.
+
+:class:`DataSpec` holds the columns, the prepared Parquet, the batching and the run's store;
+the torch and Keras specs add their model's own fields (all keyword-only, picklable data).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ._store import Store
+
+__all__ = ["DataSpec", "data_spec_fields"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataSpec:
+    """The data a worker reads and how: every field is picklable (no SparkSession)."""
+
+    feature_cols: list[str]
+    label_cols: list[str]
+    train_path: str
+    val_path: str | None
+    batch_size: int
+    val_batch_size: int
+    epochs: int
+    steps_per_epoch: int
+    val_steps: int | None
+    shuffle: bool
+    seed: int
+    reader: str
+    reader_workers: int
+    backward_passes_per_step: int
+    store: Store
+    run_id: str
+    sample_weight_col: str | None = None  # per-row weights of the loss
+    transformation_fn: Any = None  # fn(batch) -> batch, on every batch
+
+
+def data_spec_fields(cfg: Any, data: Any) -> dict[str, Any]:
+    """The :class:`DataSpec` fields from a ``FitConfig`` and its ``PreparedData``."""
+    return {
+        "feature_cols": cfg.feature_cols,
+        "label_cols": cfg.label_cols,
+        "train_path": data.train_path,
+        "val_path": data.val_path,
+        "batch_size": cfg.batch_size,
+        "val_batch_size": cfg.val_batch_size,
+        "epochs": cfg.epochs,
+        "steps_per_epoch": data.steps_per_epoch,
+        "val_steps": cfg.validation_steps_per_epoch,
+        "shuffle": cfg.shuffle,
+        "seed": cfg.seed,
+        "reader": cfg.reader,
+        "reader_workers": cfg.reader_workers,
+        "backward_passes_per_step": cfg.backward_passes_per_step,
+        "store": cfg.store,
+        "run_id": cfg.run_id,
+        "sample_weight_col": cfg.sample_weight_col,
+        "transformation_fn": cfg.transformation_fn,
+    }
