@@ -4,11 +4,16 @@ The control loop is small: start a worker group (a :class:`RayExecutor`), run th
 loop on every rank while printing rank 0's reports as they arrive, and when a rank
 fails, shut the whole group down and start a new one from the latest checkpoint,
 up to ``FailureConfig.max_failures`` times; then :class:`TrainingFailedError`.
-Ray must be initialized (``ray.init(...)``) before ``fit()``.
+Ray must be initialized (``ray.init(...)``) before ``fit()``; a Ray Client driver
+(``ray.init("ray://head:10001")``) works too, for fixed-size groups: the run folder must
+then be on a filesystem that the driver and the cluster share (``fit()`` checks that
+the cluster sees the folder the driver made), and an elastic group is refused, since
+its driver hosts the store the workers connect to.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import inspect
 import logging
@@ -27,7 +32,7 @@ from . import _constants as const
 from ._checkpoint import Checkpoint, CheckpointStore
 from ._config import RunConfig, ScalingConfig
 from ._errors import TrainingFailedError
-from ._executor import RayExecutor
+from ._executor import RayExecutor, check_cluster_gpus
 from ._session import SessionSetup, run_loop
 
 log = logging.getLogger("ringtrain.ray_runner")
@@ -159,12 +164,25 @@ class RingTrainer:
                 "Ray is not initialized in this process; call ray.init() (local) or "
                 "ray.init(address='auto') (a cluster) before RingTrainer.fit()"
             )
+        check_cluster_gpus(self.scaling_config.gpus_per_worker, "RingTrainer (ScalingConfig)")
         name = (
             self.run_config.name
             or f"RingTrainer_{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}_{uuid.uuid4().hex[:6]}"
         )
+        client = _ray_client_connected()
+        if client and self.scaling_config.elastic:
+            raise RingError(
+                f"an elastic RingTrainer (ScalingConfig(num_workers="
+                f"{self.scaling_config.num_workers!r})) cannot run from a Ray Client driver "
+                "(ray.init('ray://...')): its driver hosts the store that the workers connect "
+                "to, and the cluster cannot reach a Ray Client driver. Run the driver on the "
+                "cluster instead (ray job submit -- python train.py, or ray.init(address='auto') "
+                "on a cluster node), or pass an integer num_workers"
+            )
         run_dir = os.path.join(const.storage_path(self.run_config.storage_path), name)
         os.makedirs(run_dir, exist_ok=True)
+        if client:
+            check_visible_on_cluster(run_dir)
         store = CheckpointStore(run_dir, self.run_config.checkpoint_config.num_to_keep)
         progress = _Progress(self.run_config.verbose, _on_report)
         max_failures = self.run_config.failure_config.max_failures
@@ -265,6 +283,41 @@ class RingTrainer:
             return [exc]
         finally:
             executor.shutdown()
+
+
+def _ray_client_connected() -> bool:
+    """Whether this process is a Ray Client driver (``ray.init("ray://...")``)."""
+    from ray.util.client import ray as client_ray
+
+    return bool(client_ray.is_connected())
+
+
+def _sees_marker(path: str) -> bool:
+    return os.path.isfile(path)
+
+
+def check_visible_on_cluster(run_dir: str) -> None:
+    """Raise unless a Ray task on the cluster sees a file the driver wrote into ``run_dir``.
+
+    Under Ray Client the driver reads the checkpoints that rank 0 writes, so the run
+    folder must be one shared folder (NFS, a mounted bucket) and not the driver's own disk.
+    """
+    marker = os.path.join(run_dir, f".driver_{uuid.uuid4().hex}")
+    with open(marker, "w"):
+        pass
+    try:
+        task = ray.remote(num_cpus=0)(_sees_marker)
+        seen = ray.get(task.remote(marker))
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(marker)
+    if not seen:
+        raise RingError(
+            f"the run folder {run_dir!r} that this Ray Client driver made is not visible on "
+            "the cluster; the driver reads the checkpoints the workers write there. Pass "
+            "RunConfig(storage_path=...) (or set $RING_STORAGE_PATH) to a folder that the "
+            "driver and every cluster node share, e.g. an NFS mount"
+        )
 
 
 def _check_datasets(datasets: dict | None) -> dict:
