@@ -5,6 +5,9 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+CUR_VENV := .venv-current
+CUR_PY := $(CUR_VENV)/bin/python
+CUR_STAMP := $(CUR_VENV)/.installed
 EXTRAS := spark,petastorm,ray,tensorflow,lightning,mlflow,mpi,notebooks,dev
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
@@ -23,16 +26,15 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 demo: $(STAMP)
 	$(PY) -m estimators.demo
 
-test: $(STAMP)
+# The whole suite on the main stack, then the second stack's subset (below).
+test: $(STAMP) $(CUR_STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests
+	$(MAKE) --no-print-directory test-current
 
 # The second tested stack: the newest releases (constraints-current.txt: pyspark 4.3,
 # ray 2.60, pyarrow 26, numpy 2, pandas < 3), without Petastorm (the Arrow reader), in
 # its own venv; the data / store / estimator / Spark / Ray tests that do not need petastorm.
-# Not yet a dependency of `test`: add it once a full run is measured to pass in time.
-CUR_VENV := .venv-current
-CUR_PY := $(CUR_VENV)/bin/python
-CUR_STAMP := $(CUR_VENV)/.installed
+# `make test` runs it after the main suite.
 CURRENT_TESTS := tests/test_data.py tests/test_stores.py tests/test_estimators.py \
 	tests/test_estimators_persistence.py tests/test_spark_runner.py tests/test_ray_runner.py
 
@@ -50,6 +52,9 @@ bench: $(STAMP)
 	$(PY) bench/collectives.py
 	$(PY) bench/training.py
 	$(PY) bench/keras.py
+	$(PY) bench/spark_launch.py
+	$(PY) bench/estimator.py
+	$(PY) bench/ray_trainer.py
 	PYTHON=$(PY) bench/gpu_check.sh --quick
 
 # The reliability tests (marked @pytest.mark.reliability, see tests/_reliability.py) at

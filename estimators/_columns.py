@@ -33,7 +33,14 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-__all__ = ["LABEL_KINDS", "check_columns", "feature_expr", "label_expr", "label_kinds"]
+__all__ = [
+    "LABEL_KINDS",
+    "check_columns",
+    "feature_expr",
+    "is_staged_as_is",
+    "label_expr",
+    "label_kinds",
+]
 
 _SUPPORTED = "numeric scalars, arrays of numbers and Spark ML Vectors"
 LABEL_KINDS = ("scalar", "array", "vector")
@@ -115,6 +122,15 @@ def feature_expr(field: StructField, name: str | None = None) -> Column:
     if _is_number(field.dataType):
         return column.cast("float").alias(name or field.name)
     return _array_of_float(column, field.dataType).alias(name or field.name)
+
+
+def is_staged_as_is(field: StructField) -> bool:
+    """Whether :func:`feature_expr` leaves ``field`` as it is (``float`` or ``array<float>``),
+    so a reader can take the column itself instead of a converted copy."""
+    dtype = field.dataType
+    if isinstance(dtype, ArrayType):
+        return isinstance(dtype.elementType, FloatType)
+    return isinstance(dtype, FloatType)
 
 
 def label_expr(field: StructField) -> Column:

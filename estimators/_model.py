@@ -29,7 +29,7 @@ from pyspark.sql.types import ArrayType, DataType, DoubleType, StructField, Stru
 from ringcore._gpu import check_use_gpu
 from ringcore.data import to_numpy_columns
 
-from ._columns import check_columns, feature_expr
+from ._columns import check_columns, feature_expr, is_staged_as_is
 from ._frameworks import KERAS, framework_of
 from ._params import MODEL_PARAMS, GeneratedAccessors, init_params, with_params
 from ._persistence import RingModelReader, RingModelWriter
@@ -229,11 +229,13 @@ class RingModel(GeneratedAccessors, Model, MLWritable, MLReadable["RingModel"]):
     def _transform(self, dataset: DataFrame) -> DataFrame:
         names, features = self._output_names(), self.getFeatureCols()
         kind = self._check(dataset, names)
-        staged = [_STAGED.format(i) for i in range(len(features))]
-        inputs = dataset.select(
-            "*",
-            *[feature_expr(dataset.schema[c], s) for c, s in zip(features, staged, strict=True)],
-        )
+        # A feature column already as the model reads it (float, array<float>) is read
+        # in place; others get a converted copy. Every column crosses to Python and back
+        # (mapInArrow passes them through), so no column travels twice without need.
+        fields = [dataset.schema[c] for c in features]
+        staged = [f.name if is_staged_as_is(f) else _STAGED.format(i) for i, f in enumerate(fields)]
+        copies = [feature_expr(f, s) for f, s in zip(fields, staged, strict=True) if s != f.name]
+        inputs = dataset.select("*", *copies) if copies else dataset
         kinds, predict = self._predictor(kind, dataset, staged, names)
         vectors = [i for i, k in enumerate(self.getLabelKinds() or []) if k == "vector"]
         if vectors:  # Vector labels at fit time: dense Vector outputs
