@@ -30,6 +30,8 @@ through it.
 from __future__ import annotations
 
 import abc
+import contextlib
+import glob
 import json
 import os
 import posixpath
@@ -186,6 +188,10 @@ def _tmp_name(path: str) -> str:
     return f"{path}.tmp-{uuid.uuid4().hex[:8]}"
 
 
+#: what :func:`_tmp_name` makes of ``path``, as a glob (a writer killed mid-write leaves one)
+_TMP_GLOB = "{}.tmp-" + "[0-9a-f]" * 8
+
+
 @dataclass(frozen=True)
 class LocalStore(Store):
     """A store on a filesystem every worker mounts at the same path (local disk in local mode)."""
@@ -216,6 +222,11 @@ class LocalStore(Store):
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
+        # a writer SIGKILLed mid-write (a lost worker, an earlier attempt) left its temp
+        # file: the next good write of the same path removes it
+        for stale in glob.glob(_TMP_GLOB.format(glob.escape(path))):
+            with contextlib.suppress(OSError):
+                os.remove(stale)
 
     def rm(self, path: str) -> None:
         if os.path.isdir(path) and not os.path.islink(path):
@@ -307,6 +318,9 @@ class FsspecStore(Store):
         finally:
             if fs.exists(tmp):
                 fs.rm(tmp)
+        for stale in fs.glob(_TMP_GLOB.format(path)):  # as LocalStore.write_atomic
+            with contextlib.suppress(OSError, FileNotFoundError):
+                fs.rm(stale)
 
     def rm(self, path: str) -> None:
         if self.fs.exists(path):

@@ -50,6 +50,25 @@ def test_the_store_api_writes_reads_checks_and_removes(kind, memory_store, tmp_p
     store.rm(store.get_run_path("never-there"))  # nothing to remove is fine
 
 
+@pytest.mark.parametrize("kind", ["memory", "local"])
+def test_a_good_write_removes_the_temp_file_a_killed_writer_left(kind, memory_store, tmp_path):
+    store = memory_store if kind == "memory" else Store.create(str(tmp_path))
+    path = store.get_checkpoint_path("r1")
+    store.write_atomic(path, lambda f: f.write(b"epoch 1"))
+
+    def leave(name: str) -> None:
+        with open(name, "wb") if kind == "local" else store.fs.open(name, "wb") as f:
+            f.write(b"half")
+
+    stale = f"{path}.tmp-0badf00d"  # what a rank 0 SIGKILLed inside torch.save leaves
+    leave(stale)
+    other = f"{path}.tmp-notours"  # not a temp name of ours: kept
+    leave(other)
+    store.write_atomic(path, lambda f: f.write(b"epoch 2"))
+    assert store.read_bytes(path) == b"epoch 2"
+    assert not store.exists(stale) and store.exists(other)
+
+
 def test_memory_store_serves_parquet_to_pyarrow_and_copies_it_to_local_disk(memory_store):
     path = memory_store.get_train_data_path(memory_store.next_data_index())
     table = pa.table({"x": pa.array([[1.0, 2.0]] * 5, type=pa.list_(pa.float32()))})
