@@ -12,8 +12,12 @@ What differs from the classic path: the slot check reads ``spark.master`` and
 ``spark.task.cpus`` from ``spark.conf`` (other masters: one small probe job counts the
 cluster's default parallelism); cancellation is by an operation tag
 (``spark.addTag`` / ``spark.interruptTag``) instead of a job group; the log server
-listens on the client's address on the route to the Connect server; the stage is the
-job's last one, so Spark does not retry it and ``RING_SPARK_ATTEMPT`` stays 0.
+listens on the client's address on the route to the Connect server. Stage retries: when
+``spark.conf`` allows them (``local[N,F]`` with F > 1, or ``spark.task.maxFailures`` > 1)
+the results go through a ``repartition(1)``, so the barrier stage is a shuffle map stage,
+which Spark reruns as a whole (a failed barrier result stage is aborted); with no status
+tracker on the client, :class:`AttemptCounter` numbers the attempts from the log
+connections the tasks open (``RING_SPARK_ATTEMPT``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -39,6 +44,7 @@ RESULT_SCHEMA = "rank int, chunk int, data binary"
 PROBE_INTERVAL_S = 2.0
 _LOCAL_N = re.compile(r"^local\[(\d+)(?:,\s*\d+)?\]$")
 _LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]$")
+_LOCAL_WITH_RETRIES = re.compile(r"^local\[[^,\]]+,\s*(\d+)\]$")
 
 
 def is_connect(spark: Any) -> bool:
@@ -118,6 +124,37 @@ def wait_for_slots(spark: Any, num_proc: int, timeout_s: float) -> int:
     )
 
 
+def retries_allowed(spark: Any) -> bool:
+    """The classic ``retries_allowed`` from ``spark.conf``: whether the server's cluster
+    retries failed tasks (``local[N,F]`` with F > 1, or ``spark.task.maxFailures`` > 1
+    set explicitly)."""
+    match = _LOCAL_WITH_RETRIES.match(_conf(spark, "spark.master", ""))
+    if match:
+        return int(match.group(1)) > 1
+    return int(_conf(spark, "spark.task.maxFailures", "1")) > 1
+
+
+class AttemptCounter:
+    """``LogServer(attempt_of=...)`` for a Connect client, which has no status tracker:
+    the attempt of a stage is the log connections seen so far for its stage id, divided
+    by ``num_proc``. Each attempt's ``num_proc`` tasks connect once, at task start before
+    ``fn`` runs, and Spark starts a retry only after every task of the failed attempt has
+    ended, so the counts of two attempts never interleave. (A task that failed before
+    connecting would shift the count; the runner's code before the connection is the
+    only thing that runs there.)"""
+
+    def __init__(self, num_proc: int):
+        self._num_proc = num_proc
+        self._seen: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, stage_id: int) -> int:
+        with self._lock:
+            seen = self._seen.get(stage_id, 0)
+            self._seen[stage_id] = seen + 1
+        return seen // self._num_proc
+
+
 def client_address(spark: Any) -> str:
     """This machine's address on the route to the Connect server (what its executors
     can reach, when they can reach the client at all). Sends nothing."""
@@ -183,6 +220,8 @@ def run_stage(spark: Any, payload: bytes, spec: TaskSpec) -> list[bytes]:
         frame = spark.range(0, num_proc, 1, num_proc).mapInArrow(
             make_arrow_task(payload, spec), RESULT_SCHEMA, barrier=True
         )
+        if retries_allowed(spark):  # Spark reruns a failed barrier stage only before a shuffle
+            frame = frame.repartition(1)
         table = frame.toArrow()
     except BaseException as exc:
         with contextlib.suppress(Exception):  # a dead server has nothing left to stop

@@ -124,13 +124,19 @@ def _stage_attempt(sc: Any, stage_id: int) -> int:
     return int(info.currentAttemptId) if info is not None else 0
 
 
-def _log_server(spark: Any, stdout: Any, stderr: Any) -> LogServer:
+def _log_server(spark: Any, stdout: Any, stderr: Any, num_proc: int) -> LogServer:
     stdout = stdout if stdout is not None else sys.stdout
     stderr = stderr if stderr is not None else sys.stderr
     if _connect.is_connect(spark):  # this client is not Spark's driver: listen where it is
         host = _connect.client_address(spark)
         bind = defaults().log_bind_host or host
-        return LogServer(stdout, stderr, bind_host=bind, advertised_host=host)
+        return LogServer(
+            stdout,
+            stderr,
+            bind_host=bind,
+            attempt_of=_connect.AttemptCounter(num_proc),
+            advertised_host=host,
+        )
     sc = spark.sparkContext
     conf = sc.getConf()
     host = conf.get("spark.driver.host", "127.0.0.1")
@@ -180,7 +186,8 @@ def run(
 
     On a Spark Connect session (``SparkSession.builder.remote(...)``) the stage is a
     ``mapInArrow(..., barrier=True)`` and results come back in chunks; cancellation is
-    by operation tag, the stage is not retried (see ``spark_runner._connect``).
+    by operation tag; retries as above, from the server's conf (see
+    ``spark_runner._connect``).
     """
     _check_options(fn, env, verbose, use_gpu)
     spark = _active_session()
@@ -198,7 +205,7 @@ def run(
         slots = wait_for_slots(sc, num_proc, timeout)
     _say(verbose, 2, "the cluster offers %d task slots for %d ranks", slots, num_proc)
     payload = dumps_with_user_code((fn, tuple(args), dict(kwargs or {})), fn)
-    server = _log_server(spark, stdout, stderr)
+    server = _log_server(spark, stdout, stderr, num_proc)
     spec = TaskSpec(
         num_proc=num_proc,
         env=dict(env or {}),

@@ -1,6 +1,7 @@
 """spark_runner.run on a Spark Connect session: a real Spark Connect server started from
 the pyspark package (``spark-submit --class ...SparkConnectServer``) on 127.0.0.1 with
-``local[2]``, stopped by PID at the end; the barrier stage is ``mapInArrow(barrier=True)``."""
+``local[2]`` (``local[2,2]``, which retries failed tasks, for the stage-retry test), stopped
+by PID at the end; the barrier stage is ``mapInArrow(barrier=True)``."""
 
 from __future__ import annotations
 
@@ -65,8 +66,13 @@ def _stop_tree(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="module")
-def connect_server(tmp_path_factory):
+def connect_server(request, tmp_path_factory):
+    """A server on ``local[2]``, or on the master a test names with
+    ``@pytest.mark.parametrize("connect_server", [master], indirect=True)`` (pytest stops
+    the other server, and the session on it, before starting that one)."""
     import pyspark
+
+    master = getattr(request, "param", "local[2]")
 
     home = os.path.dirname(pyspark.__file__)
     work = tmp_path_factory.mktemp("spark-connect")
@@ -77,7 +83,7 @@ def connect_server(tmp_path_factory):
     env.pop("SPARK_CONNECT_MODE_ENABLED", None)
     command = [
         os.path.join(home, "bin", "spark-submit"), "--class", SERVER_CLASS,
-        "--master", "local[2]", "--name", "test_spark_connect",
+        "--master", master, "--name", "test_spark_connect",
         "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
         "--conf", f"spark.connect.grpc.binding.port={port}",
         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
@@ -214,3 +220,21 @@ def test_keyboard_interrupt_on_the_client_interrupts_the_stage_and_its_workers(s
     assert not [p for p in pids if _alive(p)], "a worker process outlived the interrupted run"
     # and the session still works after the interrupt
     assert spark.range(3).count() == 3
+
+
+def _dies_on_the_first_attempt():
+    import ringcore
+
+    ringcore.init()
+    attempt = os.environ[spark_runner.ATTEMPT_ENV_VAR]
+    if attempt == "0" and ringcore.rank() == 1:
+        os._exit(3)  # the worker process dies, as a killed or crashed one does
+    return ringcore.rank(), int(attempt)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("connect_server", ["local[2,2]"], indirect=True)
+def test_a_failed_stage_on_connect_is_retried_with_the_next_attempt_number(spark):
+    assert is_connect(spark) and spark.conf.get("spark.master") == "local[2,2]"
+    results = spark_runner.run(_dies_on_the_first_attempt, num_proc=2)
+    assert results == [(0, 1), (1, 1)]
