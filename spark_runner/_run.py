@@ -230,8 +230,10 @@ def run(
 
 @contextlib.contextmanager
 def _plain_keyboard_interrupt():
-    """Ctrl-C raises KeyboardInterrupt here (so ``_run_stage`` cancels its job group)
-    instead of PySpark's handler, which calls into Py4J from inside a Py4J read. Yields
+    """Ctrl-C raises KeyboardInterrupt here (so ``_run_stage`` cancels its job group, and
+    ``_connect.run_stage`` interrupts its tag) instead of PySpark's handler, which calls
+    into Py4J from inside a Py4J read — or, left installed by a classic SparkContext that
+    was stopped, into a context that is gone. Yields
     a list that holds True once Ctrl-C came (Py4J may turn the interrupt into its own
     network error)."""
     interrupted: list[bool] = []
@@ -293,7 +295,8 @@ def _run_connect_stage(spark: Any, fn, payload: bytes, spec: TaskSpec, verbose: 
     name, num_proc = getattr(fn, "__name__", "fn"), spec.num_proc
     _say(verbose, 1, "launching %s on %d Spark Connect barrier tasks", name, num_proc)
     started = time.monotonic()
-    blobs = _connect.run_stage(spark, payload, spec)
+    with _plain_keyboard_interrupt():
+        blobs = _connect.run_stage(spark, payload, spec)
     _say(
         verbose, 1, "%s finished on %d ranks in %.1f s", name, num_proc, time.monotonic() - started
     )

@@ -201,10 +201,13 @@ def test_keyboard_interrupt_on_the_client_interrupts_the_stage_and_its_workers(s
             pids[:] = [int(p) for p in os.listdir(tmp_path)]
         signal.pthread_kill(main, signal.SIGINT)
 
-    # A classic SparkContext that an earlier test module started and stopped leaves
-    # pyspark's SIGINT handler installed (it calls cancelAllJobs on a dead context):
-    # a Connect client process gets Python's own handler here, as a fresh one has.
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    def stale_handler(signum, frame):
+        raise AttributeError("'NoneType' object has no attribute 'sc'")
+
+    # What a classic SparkContext that was started and stopped earlier in this process
+    # leaves installed: pyspark's SIGINT handler, calling into a context that is gone.
+    # run() takes Ctrl-C with its own handler while the stage runs.
+    previous = signal.signal(signal.SIGINT, stale_handler)
     try:
         helper = threading.Thread(target=interrupt, daemon=True)
         helper.start()
