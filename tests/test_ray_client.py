@@ -11,17 +11,17 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 
 import pytest
 
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
 
+
+from _servers import free_port, wait_for_port  # noqa: E402
 
 from ray_runner import (  # noqa: E402
     CheckpointConfig,
@@ -36,12 +36,6 @@ from ringcore import RingError, WorkerError  # noqa: E402
 pytestmark = pytest.mark.ray
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _client_server_log(temp_dir: str) -> str:
     """The tail of the head's client server logs, for a fixture that could not start."""
     logs = os.path.join(temp_dir, "session_latest", "logs")
@@ -50,23 +44,6 @@ def _client_server_log(temp_dir: str) -> str:
         with contextlib.suppress(OSError), open(os.path.join(logs, name)) as fh:
             parts.append(f"--- {name}\n" + "".join(fh.readlines()[-20:]))
     return "\n".join(parts) or f"(no client server log under {logs})"
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float, temp_dir: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"ray start exited with {proc.returncode}\n{_client_server_log(temp_dir)}"
-            )
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(
-        f"nothing listened on 127.0.0.1:{port} within {timeout_s} s\n"
-        + _client_server_log(temp_dir)
-    )
 
 
 def _end(proc: subprocess.Popen) -> None:
@@ -94,7 +71,7 @@ def head_node():
     """``ray start --head`` on 127.0.0.1 with 2 CPUs; (gcs address, ray:// address)."""
     if ray.is_initialized():
         ray.shutdown()
-    gcs_port, client_port = _free_port(), _free_port()
+    gcs_port, client_port = free_port(), free_port()
     temp_dir = tempfile.mkdtemp(prefix="ringray_")
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
     cmd = [
@@ -114,7 +91,7 @@ def head_node():
         cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env
     )
     try:
-        _wait_for_port(client_port, proc, 120, temp_dir)
+        wait_for_port(client_port, proc, 120, "ray start", lambda: _client_server_log(temp_dir))
         yield f"127.0.0.1:{gcs_port}", f"ray://127.0.0.1:{client_port}"
     finally:
         _end(proc)

@@ -9,13 +9,13 @@ import contextlib
 import io
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 
 import pytest
+from _servers import free_port, wait_for_port
 
 import spark_runner
 from ringcore import RingError, WorkerError
@@ -26,23 +26,9 @@ pytestmark = pytest.mark.spark
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen, log: str, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            with open(log) as out:
-                raise RuntimeError(f"the Connect server exited ({proc.returncode}):\n{out.read()}")
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.3)
-    raise RuntimeError(f"the Spark Connect server did not listen on {port} within {timeout} s")
+def _read(path: str) -> str:
+    with open(path) as fh:
+        return fh.read()
 
 
 def _stop_tree(proc: subprocess.Popen) -> None:
@@ -76,7 +62,7 @@ def connect_server(request, tmp_path_factory):
 
     home = os.path.dirname(pyspark.__file__)
     work = tmp_path_factory.mktemp("spark-connect")
-    port, log = _free_port(), str(work / "server.log")
+    port, log = free_port(), str(work / "server.log")
     env = dict(
         os.environ, SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable
     )
@@ -94,7 +80,7 @@ def connect_server(request, tmp_path_factory):
     with open(log, "wb") as out:
         proc = subprocess.Popen(command, env=env, cwd=work, stdout=out, stderr=out)
     try:
-        _wait_for_port(port, proc, log)
+        wait_for_port(port, proc, 90, "the Spark Connect server", lambda: _read(log))
         yield f"sc://localhost:{port}"
     finally:
         _stop_tree(proc)

@@ -5,34 +5,15 @@ from __future__ import annotations
 
 import io
 import os
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
+from _servers import free_port, wait_for_port
 
 import spark_runner
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the standalone master exited with {proc.returncode}")
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.3)
-    raise RuntimeError(f"the standalone master did not listen on {port} within {timeout} s")
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -55,7 +36,7 @@ def standalone(tmp_path_factory):
         os.environ, SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable
     )
     spark_class = os.path.join(home, "bin", "spark-class")
-    port = _free_port()
+    port = free_port()
     procs: list[subprocess.Popen] = []
 
     def start(*args: str, log: str) -> subprocess.Popen:
@@ -69,7 +50,7 @@ def standalone(tmp_path_factory):
             "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
             "--webui-port", "0", log="master.log",
         )  # fmt: skip
-        _wait_for_port(port, master)
+        wait_for_port(port, master, 60, "the standalone master")
         for i in range(2):
             start(
                 "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}",
