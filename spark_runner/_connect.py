@@ -34,7 +34,7 @@ from typing import Any
 from ringcore import RingError
 
 from ._errors import decode_worker_error
-from ._slots import NotEnoughSlotsError
+from ._slots import NotEnoughSlotsError, retries_configured
 from ._task import TaskSpec, make_barrier_task
 
 #: bytes of result per Arrow row: well under Connect's 4 MiB Arrow batches
@@ -44,7 +44,6 @@ RESULT_SCHEMA = "rank int, chunk int, data binary"
 PROBE_INTERVAL_S = 2.0
 _LOCAL_N = re.compile(r"^local\[(\d+)(?:,\s*\d+)?\]$")
 _LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]$")
-_LOCAL_WITH_RETRIES = re.compile(r"^local\[[^,\]]+,\s*(\d+)\]$")
 
 
 def is_connect(spark: Any) -> bool:
@@ -91,14 +90,6 @@ def task_slots(spark: Any) -> tuple[int, bool]:
     return _probe_parallelism(spark) // task_cpus, master.startswith("local")
 
 
-def resolve_num_proc(spark: Any, num_proc: int | None) -> int:
-    if num_proc is None:
-        num_proc = task_slots(spark)[0]
-    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
-        raise ValueError(f"num_proc must be a positive integer, got {num_proc!r}")
-    return num_proc
-
-
 def wait_for_slots(spark: Any, num_proc: int, timeout_s: float) -> int:
     """Like the classic check, from what a Connect client can see; raises before the
     barrier stage when the cluster cannot hold ``num_proc`` tasks at once."""
@@ -122,16 +113,6 @@ def wait_for_slots(spark: Any, num_proc: int, timeout_s: float) -> int:
         f"has {slots} (master {master}, spark.task.cpus={task_cpus}). Lower num_proc to "
         f"{max(slots, 1)} or add executors/cores.{hint}"
     )
-
-
-def retries_allowed(spark: Any) -> bool:
-    """The classic ``retries_allowed`` from ``spark.conf``: whether the server's cluster
-    retries failed tasks (``local[N,F]`` with F > 1, or ``spark.task.maxFailures`` > 1
-    set explicitly)."""
-    match = _LOCAL_WITH_RETRIES.match(_conf(spark, "spark.master", ""))
-    if match:
-        return int(match.group(1)) > 1
-    return int(_conf(spark, "spark.task.maxFailures", "1")) > 1
 
 
 class AttemptCounter:
@@ -220,7 +201,10 @@ def run_stage(spark: Any, payload: bytes, spec: TaskSpec) -> list[bytes]:
         frame = spark.range(0, num_proc, 1, num_proc).mapInArrow(
             make_arrow_task(payload, spec), RESULT_SCHEMA, barrier=True
         )
-        if retries_allowed(spark):  # Spark reruns a failed barrier stage only before a shuffle
+        # Spark reruns a failed barrier stage only before a shuffle
+        if retries_configured(
+            _conf(spark, "spark.master", ""), spark.conf.get("spark.task.maxFailures", None)
+        ):
             frame = frame.repartition(1)
         table = frame.toArrow()
     except BaseException as exc:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import signal
 import sys
 import threading
@@ -23,7 +22,7 @@ from . import _connect
 from ._errors import decode_worker_error
 from ._logserver import LogServer
 from ._platform import defaults
-from ._slots import wait_for_slots
+from ._slots import retries_configured, wait_for_slots
 from ._task import TaskSpec, make_barrier_task
 
 log = logging.getLogger("ringtrain.spark_runner")
@@ -32,7 +31,6 @@ START_TIMEOUT_ENV_VAR = "RING_SPARK_START_TIMEOUT"
 #: Comma-separated host names, one per rank: the hosts local/cross ranks are derived
 #: from, instead of the tasks' real addresses (to test topology-aware code on one machine).
 TOPOLOGY_HOSTS_ENV_VAR = "RING_SPARK_TOPOLOGY_HOSTS"
-_LOCAL_WITH_RETRIES = re.compile(r"^local\[[^,\]]+,\s*(\d+)\]$")
 
 
 def _active_session():
@@ -88,12 +86,10 @@ def resolve_timeout(start_timeout: float | None) -> float:
     return float(timeout)
 
 
-def _resolve_counts(sc: Any, num_proc: int | None, start_timeout: float | None):
-    if num_proc is None:
-        num_proc = sc.defaultParallelism
-    if not isinstance(num_proc, int) or num_proc < 1:
+def _check_num_proc(num_proc: Any) -> int:
+    if isinstance(num_proc, bool) or not isinstance(num_proc, int) or num_proc < 1:
         raise ValueError(f"num_proc must be a positive integer, got {num_proc!r}")
-    return num_proc, resolve_timeout(start_timeout)
+    return num_proc
 
 
 def _topology_hosts(num_proc: int) -> tuple[str, ...]:
@@ -107,16 +103,6 @@ def _topology_hosts(num_proc: int) -> tuple[str, ...]:
             f"{num_proc}; give one host per rank or unset it."
         )
     return hosts
-
-
-def retries_allowed(sc: Any) -> bool:
-    """Whether the user asked Spark to retry failed tasks (``local[N,F]`` with F > 1, or
-    ``spark.task.maxFailures`` > 1 set explicitly). Spark retries a barrier stage only
-    when it is not the job's final stage, so then the results go through a shuffle."""
-    match = _LOCAL_WITH_RETRIES.match(sc.master)
-    if match:
-        return int(match.group(1)) > 1
-    return int(sc.getConf().get("spark.task.maxFailures", "1")) > 1
 
 
 def _stage_attempt(sc: Any, stage_id: int) -> int:
@@ -193,11 +179,12 @@ def run(
     spark = _active_session()
     connect = _connect.is_connect(spark)
     sc = None if connect else spark.sparkContext
-    if connect:
-        num_proc = _connect.resolve_num_proc(spark, num_proc)
-        timeout = resolve_timeout(start_timeout)
-    else:
-        num_proc, timeout = _resolve_counts(sc, num_proc, start_timeout)
+    if num_proc is None:  # the cluster's parallelism
+        num_proc = (
+            _connect.task_slots(spark)[0] if connect else spark.sparkContext.defaultParallelism
+        )
+    num_proc = _check_num_proc(num_proc)
+    timeout = resolve_timeout(start_timeout)
     topology_hosts = _topology_hosts(num_proc)
     if connect:
         slots = _connect.wait_for_slots(spark, num_proc, timeout)
@@ -255,7 +242,7 @@ def _plain_keyboard_interrupt():
 def _collect(sc: Any, payload: bytes, spec: TaskSpec) -> list[bytes]:
     rdd = sc.parallelize(range(spec.num_proc), spec.num_proc).barrier()
     stage = rdd.mapPartitions(make_barrier_task(payload, spec))
-    if retries_allowed(sc):
+    if retries_configured(sc.master, sc.getConf().get("spark.task.maxFailures")):
         stage = stage.map(lambda blob: (0, blob)).partitionBy(1).values()
     return stage.collect()
 

@@ -1,8 +1,10 @@
-"""How many barrier tasks the cluster can hold at once, and waiting for them."""
+"""How many barrier tasks the cluster can hold at once, and waiting for them; whether it
+retries failed tasks."""
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any
 
@@ -10,9 +12,22 @@ from ringcore import RingError
 
 log = logging.getLogger("ringtrain.spark_runner")
 
+_LOCAL_WITH_RETRIES = re.compile(r"^local\[[^,\]]+,\s*(\d+)\]$")
+
 
 class NotEnoughSlotsError(RingError, ValueError):
     pass
+
+
+def retries_configured(master: str, max_failures: str | None) -> bool:
+    """Whether the user asked Spark to retry failed tasks: ``local[N,F]`` with F > 1, or
+    ``spark.task.maxFailures`` (``max_failures``, None when unset) > 1 set explicitly.
+    Spark retries a barrier stage only when it is not the job's final stage, so then the
+    results go through a shuffle."""
+    match = _LOCAL_WITH_RETRIES.match(master)
+    if match:
+        return int(match.group(1)) > 1
+    return int(max_failures or "1") > 1
 
 
 def _conf(sc: Any, key: str, default: str) -> str:
