@@ -11,7 +11,7 @@ CUR_STAMP := $(CUR_VENV)/.installed
 EXTRAS := spark,petastorm,ray,tensorflow,lightning,mlflow,mpi,notebooks,dev
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test test-current bench lint install clean reliability
+.PHONY: demo test test-current bench lint install clean reliability conformance
 
 install: $(STAMP)
 
@@ -65,6 +65,14 @@ reliability: $(STAMP)
 	-RELIABILITY_LOAD_OPS=10000 PYTHONPATH=tests $(PY) -m pytest -p no:cacheprovider -p _reliability \
 		-m reliability --junitxml=build/reliability.xml tests
 	$(PY) bench/reliability_report.py build/reliability.xml RELIABILITY.md
+
+# Horovod's own parallel suites against ringcore, one test per launch of 2 Gloo ranks,
+# through a shim package named horovod built in a temp dir -> docs/conformance.md.
+# HOROVOD_SRC: a Horovod checkout or its git directory. Not part of make test.
+conformance: $(STAMP)
+	@test -n "$(HOROVOD_SRC)" || { echo "make conformance HOROVOD_SRC=<a Horovod checkout or git dir>"; exit 2; }
+	$(PY) -m pip install -q -c constraints.txt -e ".[conformance]"
+	$(PY) tools/conformance.py --horovod-src "$(HOROVOD_SRC)" $(CONFORMANCE_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
