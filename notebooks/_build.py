@@ -703,8 +703,8 @@ def timeline() -> list:
             # Record a timeline of a training run and draw it
 
             `RING_TIMELINE=<file>` makes rank 0 write a Chrome-trace JSON file with one row
-            per tensor name and its phases: `NEGOTIATE` (submitted, waiting for every rank
-            to submit it), `QUEUE` (agreed, waiting for the engine thread),
+            per tensor (`allreduce.<name>`, as Horovod names it) and its phases:
+            `NEGOTIATE_ALLREDUCE` (submitted, waiting for every rank to submit it), `QUEUE` (agreed, waiting for the engine thread),
             `MEMCPY_IN_FUSION_BUFFER`, the collective (`ALLREDUCE`, `BROADCAST`, ...) and
             `MEMCPY_OUT_FUSION_BUFFER`. `RING_TIMELINE_MARK_CYCLES=1` marks each batch of
             responses the coordinator sent. Here a small model trains for a few steps on 2
@@ -792,7 +792,7 @@ def timeline() -> list:
             print(f"{len(rows)} tensors, {len(spans)} phases, {len(cycles)} cycles")
             summary = spans.groupby("phase")["ms"].agg(["count", "sum", "mean"]).round(3)
             print(summary.sort_values("sum", ascending=False).to_string())
-            assert {"NEGOTIATE", "QUEUE", "ALLREDUCE", "BROADCAST"} <= set(spans["phase"])
+            assert {"NEGOTIATE_ALLREDUCE", "QUEUE", "ALLREDUCE", "BROADCAST"} <= set(spans["phase"])
             """
         ),
         md(
@@ -809,7 +809,8 @@ def timeline() -> list:
             import matplotlib.pyplot as plt
 
             colors = {
-                "NEGOTIATE": "tab:gray",
+                "NEGOTIATE_ALLREDUCE": "tab:gray",
+                "NEGOTIATE_BROADCAST": "tab:gray",
                 "QUEUE": "tab:olive",
                 "MEMCPY_IN_FUSION_BUFFER": "tab:orange",
                 "ALLREDUCE": "tab:blue",

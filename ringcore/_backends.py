@@ -20,6 +20,33 @@ from ._ops import ReduceOp
 
 __all__ = ["HostStaged", "MPIBackend", "TorchDistBackend", "torch_backend"]
 
+# Element types Gloo and NCCL carry. Others (int16, the unsigned 16/32/64-bit types)
+# travel as a same-size carried type when only bytes move (allgather, broadcast,
+# alltoall), and widened to a carried type for a reduction.
+_CARRIED = {
+    torch.uint8,
+    torch.int8,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.bool,
+}
+_SAME_SIZE = {1: torch.uint8, 2: torch.float16, 4: torch.int32, 8: torch.int64}
+_WIDER = {torch.int16: torch.int32}
+for _name, _wide in (("uint16", torch.int32), ("uint32", torch.int64)):
+    if hasattr(torch, _name):
+        _WIDER[getattr(torch, _name)] = _wide
+
+
+def _as_carried(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself, or a view of its bytes as a carried type of the same element size."""
+    if t.dtype in _CARRIED:
+        return t
+    return t.view(_SAME_SIZE[t.element_size()])
+
 
 def torch_backend() -> Any:
     """The backend over the default ``torch.distributed`` group: CUDA tensors go through
@@ -69,9 +96,16 @@ class TorchDistBackend:
         return self._cpu_groups[group]
 
     def allreduce(self, t: torch.Tensor, op: ReduceOp, group: Any) -> None:
-        self.dist.all_reduce(t, op=self._ops[op], group=self._for(t, group))
+        if t.dtype in _CARRIED:
+            self.dist.all_reduce(t, op=self._ops[op], group=self._for(t, group))
+            return
+        wide = t.to(_WIDER.get(t.dtype, torch.float64))
+        self.dist.all_reduce(wide, op=self._ops[op], group=self._for(t, group))
+        t.copy_(wide)
 
     def allgather(self, t: torch.Tensor, dims: list[int], group: Any) -> torch.Tensor:
+        if t.dtype not in _CARRIED:
+            return self.allgather(_as_carried(t), dims, group).view(t.dtype)
         group = self._for(t, group)
         longest = max(dims)
         x = (
@@ -84,14 +118,18 @@ class TorchDistBackend:
         return torch.cat([p[:d] for p, d in zip(parts, dims)])
 
     def broadcast(self, t: torch.Tensor, root: int, members: list[int], group: Any) -> None:
-        self.dist.broadcast(t, src=root, group=self._for(t, group))
+        self.dist.broadcast(_as_carried(t), src=root, group=self._for(t, group))
 
     def alltoall(
         self, t: torch.Tensor, send: list[int], recv: list[int], group: Any
     ) -> torch.Tensor:
         out = t.new_empty((sum(recv), *t.shape[1:]))
         self.dist.all_to_all_single(
-            out, t, output_split_sizes=recv, input_split_sizes=send, group=self._for(t, group)
+            _as_carried(out),
+            _as_carried(t),
+            output_split_sizes=recv,
+            input_split_sizes=send,
+            group=self._for(t, group),
         )
         return out
 

@@ -110,6 +110,7 @@ class Engine:
         self.cycle_time_s = cycle_time_s
         self.join_handle: Handle | None = None
         self._t_resp = time.perf_counter()
+        self._kind = ""
         self.broken: str | None = None
         self.closed = threading.Event()
         self.thread = threading.Thread(
@@ -219,6 +220,7 @@ class Engine:
                     self.timeline.cycle(self._t_resp)
                     for item in msg["items"]:
                         self._execute(item)
+                    self.timeline.flush()
                 elif msg["t"] == "abort":
                     self._break(msg["msg"])
                     return
@@ -280,6 +282,7 @@ class Engine:
                 if h is not None:
                     h.resolve(error=cls(item["msg"]))
             return
+        self._kind = kind  # the timeline's row names (engine thread only)
         try:
             run = getattr(self, f"_run_{kind}")
             with _gpu.device_scope(handles):  # CUDA: on the side stream, after the producers
@@ -301,13 +304,17 @@ class Engine:
             h.resolve(error=exc)
 
     def _span(self, h: Handle | None, name: str, phase: str, start: float, end: float) -> None:
-        """One timeline phase; QUEUE also records the NEGOTIATE phase before it."""
+        """One timeline phase on the row ``<kind>.<name>`` (Horovod's tensor name);
+        QUEUE also records the NEGOTIATE_<KIND> phase before it."""
         if self.timeline.active:
+            kind = self._kind
+            row = name if name.startswith(f"{kind}.") else f"{kind}.{name}"
             if phase == "QUEUE":
                 if h is not None:
-                    self.timeline.span(name, "NEGOTIATE", h.submitted, self._t_resp)
+                    negotiate = f"NEGOTIATE_{_COLLECTIVE_PHASE.get(kind, kind.upper())}"
+                    self.timeline.span(row, negotiate, h.submitted, self._t_resp)
                 start = self._t_resp
-            self.timeline.span(name, phase, start, end)
+            self.timeline.span(row, phase, start, end)
 
     # -- the ops ------------------------------------------------------------------
     def _neutral(

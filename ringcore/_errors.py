@@ -6,7 +6,8 @@
     ├── NotInitializedError        ringcore used before init()
     ├── RendezvousError            the ranks could not find each other
     ├── RingInternalError          a collective could not complete (alias HorovodInternalError)
-    ├── CollectiveMismatchError    ranks disagree on a collective (shape, dtype, op, root)
+    ├── CollectiveMismatchError    ranks disagree on a collective (shape, dtype, op, root);
+    │                              also a RuntimeError (as Horovod) and a ValueError
     ├── WorkerError                a worker raised; carries its rank, host and traceback
     ├── GpuUnavailableError        GPU work asked for without a usable CUDA device (in _gpu)
     └── StackError                 installed packages that do not work together
@@ -52,8 +53,9 @@ class RingInternalError(RingError):
 HorovodInternalError = RingInternalError
 
 
-class CollectiveMismatchError(RingError, ValueError):
-    pass
+class CollectiveMismatchError(RingError, RuntimeError, ValueError):
+    """As Horovod, a disagreement between ranks is a ``RuntimeError`` (what its users
+    catch); it stays a ``ValueError`` for code written against earlier ringcore."""
 
 
 class StackError(RingError, ImportError):

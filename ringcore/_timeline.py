@@ -1,6 +1,11 @@
 """Horovod's timeline: a Chrome-trace JSON file (open it in chrome://tracing or
-Perfetto) with one row per tensor name and its phases — NEGOTIATE, QUEUE,
-MEMCPY_IN_FUSION_BUFFER, the collective itself, MEMCPY_OUT_FUSION_BUFFER."""
+Perfetto) with one row per tensor, named as Horovod names it (``allreduce.<name>``),
+and its phases — NEGOTIATE_<OP>, QUEUE, MEMCPY_IN_FUSION_BUFFER, the collective
+itself (ALLREDUCE, ...), MEMCPY_OUT_FUSION_BUFFER — plus CYCLE_START marks.
+
+As Horovod's, the file is readable while the job runs: the engine flushes it after
+each cycle's ops, so it holds everything up to the last cycle (the closing ``]``
+comes with ``stop()``; trace viewers accept the file without it)."""
 
 from __future__ import annotations
 
@@ -38,6 +43,25 @@ class Timeline:
             self._tids = {}
             self.mark_cycles = mark_cycles
             self._t0 = time.perf_counter()
+            start_us = time.time_ns() // 1000
+            self._write(
+                {
+                    "name": "process_name",
+                    "ph": "M",
+                    "pid": 0,
+                    "tid": 0,
+                    "args": {"name": "ringcore", "start_time_since_epoch_in_micros": start_us},
+                }
+            )
+            handle.flush()
+
+    def flush(self) -> None:
+        """Make what was recorded so far readable by others (once per cycle)."""
+        if self._file is None:
+            return
+        with self._lock:
+            if self._file is not None:
+                self._file.flush()
 
     def _us(self, t: float) -> float:
         return (t - self._t0) * 1e6

@@ -296,16 +296,24 @@ def test_timeline_writes_chrome_trace_with_every_phase(tmp_path):
     )
     events = json.loads(path.read_text())
     rows = {e["args"]["name"]: e["tid"] for e in events if e.get("ph") == "M"}
-    assert {"layer0.grad", "grouped.0", "gathered", "bcast"} <= set(rows)
-    phases = {e["name"] for e in events if e.get("ph") == "X" and e["tid"] == rows["grouped.0"]}
+    # rows are named as Horovod names its tensors: <op>.<name>
     assert {
-        "NEGOTIATE",
+        "allreduce.layer0.grad",
+        "allreduce.grouped.0",
+        "allgather.gathered",
+        "broadcast.bcast",
+    } <= set(rows)
+    phases = {
+        e["name"] for e in events if e.get("ph") == "X" and e["tid"] == rows["allreduce.grouped.0"]
+    }
+    assert {
+        "NEGOTIATE_ALLREDUCE",
         "QUEUE",
         "MEMCPY_IN_FUSION_BUFFER",
         "ALLREDUCE",
         "MEMCPY_OUT_FUSION_BUFFER",
     } <= phases
-    assert "ALLGATHER" in {e["name"] for e in events if e.get("tid") == rows["gathered"]}
+    assert "ALLGATHER" in {e["name"] for e in events if e.get("tid") == rows["allgather.gathered"]}
     assert any(e["name"] == "CYCLE_START" for e in events)
     assert all(e["dur"] >= 0 for e in events if e.get("ph") == "X")
 
@@ -326,7 +334,7 @@ def test_timeline_is_written_when_the_function_returns_without_shutdown(tmp_path
         _timeline_without_shutdown_worker, np=2, env={"RING_TIMELINE": str(path)}, timeout=60
     )
     events = json.loads(path.read_text())
-    assert "only.grad" in {e["args"]["name"] for e in events if e.get("ph") == "M"}
+    assert "allreduce.only.grad" in {e["args"]["name"] for e in events if e.get("ph") == "M"}
 
 
 def _stall_worker():

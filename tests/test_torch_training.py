@@ -279,8 +279,9 @@ def test_collectives_differentiate_as_horovod_defines():
         assert torch.allclose(
             g["alltoall"], torch.cat([ws[j][2 * r : 2 * r + 2] for j in range(2)])
         )
-        # reducescatter (Sum): my input rows for rank j's slice get rank j's weights
-        assert torch.allclose(g["reducescatter"], torch.cat([ws[j][:2] for j in range(2)]))
+        # reducescatter (Sum): my input rows for rank j's slice get rank j's weights, times
+        # the number of ranks (Horovod's definition: allgather(grad) * size for Sum)
+        assert torch.allclose(g["reducescatter"], 2 * torch.cat([ws[j][:2] for j in range(2)]))
 
 
 def _optimizer_after_a_dead_peer_worker():

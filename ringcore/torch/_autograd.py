@@ -4,7 +4,9 @@
 - allgather: the average of the incoming gradients over ranks, this rank's rows of it;
 - broadcast: the average of the incoming gradients on the root, zeros elsewhere;
 - alltoall: the incoming gradient sent back along the received splits;
-- reducescatter: the allgather of the incoming gradient (divided by the set's size for Average).
+- reducescatter: the allgather of the incoming gradient, times the set's size for Sum
+  (and times the scale factors);
+- the grouped ops: the gradient of each tensor as for its single op, reduced as one group.
 
 The blocking functions of ``ringcore.torch`` route through these when the input
 requires grad and grad mode is on.
@@ -110,9 +112,77 @@ class Reducescatter(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         gathered = c.synchronize(c.allgather_async(grad.contiguous(), None, ctx.process_set))
-        if ctx.op == ReduceOp.Average:
-            gathered = gathered / ctx.process_set.size()
-        return gathered * ctx.scale, None, None, None, None, None
+        return gathered * _reducescatter_grad_scale(ctx), None, None, None, None, None
+
+
+def _reducescatter_grad_scale(ctx) -> float:
+    """Horovod's reducescatter gradient: allgather(grad), times the set's size for Sum."""
+    factor = float(ctx.process_set.size()) if ctx.op == ReduceOp.Sum else 1.0
+    return factor * ctx.scale
+
+
+class GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, average, name, op, prescale, postscale, process_set, *tensors):
+        ctx.args = (average, op, prescale, postscale, process_set)
+        return tuple(
+            c.synchronize(
+                c.grouped_allreduce_async(
+                    list(tensors), average, name, op, prescale, postscale, process_set
+                )
+            )
+        )
+
+    @staticmethod
+    def backward(ctx, *grads):
+        average, op, prescale, postscale, process_set = ctx.args
+        reduced = c.synchronize(
+            c.grouped_allreduce_async(
+                [g.contiguous() for g in grads], average, None, op, prescale, postscale, process_set
+            )
+        )
+        return (None, None, None, None, None, None, *reduced)
+
+
+class GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
+        return tuple(c.synchronize(c.grouped_allgather_async(list(tensors), name, process_set)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ps = ctx.process_set
+        reduced = c.synchronize(
+            c.grouped_allreduce_async(
+                [g.contiguous() for g in grads], None, None, ReduceOp.Average, 1.0, 1.0, ps
+            )
+        )
+        rows = c.synchronize(c.allgather_async(torch.tensor([ctx.rows]), None, ps))
+        offsets = rows[: ps.rank()].sum(dim=0).tolist() if ps.rank() else [0] * len(ctx.rows)
+        parts = [r.narrow(0, int(o), n) for r, o, n in zip(reduced, offsets, ctx.rows)]
+        return (None, None, *parts)
+
+
+class GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale, postscale, *tensors):
+        ctx.op, ctx.process_set, ctx.scale = ReduceOp(int(op)), process_set, prescale * postscale
+        return tuple(
+            c.synchronize(
+                c.grouped_reducescatter_async(
+                    list(tensors), name, op, process_set, prescale, postscale
+                )
+            )
+        )
+
+    @staticmethod
+    def backward(ctx, *grads):
+        gathered = c.synchronize(
+            c.grouped_allgather_async([g.contiguous() for g in grads], None, ctx.process_set)
+        )
+        scale = _reducescatter_grad_scale(ctx)
+        return (None, None, None, None, None, *(g * scale for g in gathered))
 
 
 def _even(tensor: torch.Tensor, process_set) -> list[int]:
@@ -122,3 +192,9 @@ def _even(tensor: torch.Tensor, process_set) -> list[int]:
 
 def differentiable(tensor: torch.Tensor) -> bool:
     return isinstance(tensor, torch.Tensor) and tensor.requires_grad and torch.is_grad_enabled()
+
+
+def any_differentiable(tensors) -> bool:
+    return torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in tensors
+    )

@@ -355,6 +355,12 @@ def grouped_allreduce(
     process_set: ProcessSet = global_process_set,
 ):
     """Reduce a list of tensors as one fused unit; returns new tensors."""
+    if _autograd().any_differentiable(tensors) and compression is Compression.none:
+        return list(
+            _autograd().GroupedAllreduce.apply(
+                average, name, op, prescale_factor, postscale_factor, process_set, *tensors
+            )
+        )
     packed = [compression.compress(t.detach()) for t in tensors]
     outs = synchronize(
         grouped_allreduce_async(
@@ -437,6 +443,9 @@ def synchronize_later(handle: int) -> Handle:
 
 
 def grouped_allgather(tensors, name=None, process_set: ProcessSet = global_process_set):
+    """Allgather each tensor of the list (first dimensions may differ per rank)."""
+    if _autograd().any_differentiable(tensors):
+        return list(_autograd().GroupedAllgather.apply(name, process_set, *tensors))
     return synchronize(grouped_allgather_async(tensors, name, process_set))
 
 
@@ -534,8 +543,10 @@ def reducescatter_async(
         raise ValueError("reducescatter needs a tensor with at least one dimension")
     rop = ReduceOp(int(op))
     if rop not in (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min, ReduceOp.Max, ReduceOp.Product):
-        raise ValueError(
-            f"reducescatter supports Average, Sum, Min, Max and Product, not {rop.name}"
+        # a RuntimeError, as Horovod raises for it
+        raise NotImplementedError(
+            f"reducescatter supports op=Average, Sum, Min, Max and Product, not {rop.name}; "
+            "use allreduce(op=Adasum) for Adasum"
         )
     ps = check_process_set(process_set, "reducescatter")
     eng = engine()
@@ -582,12 +593,21 @@ def reducescatter(
 
 
 def grouped_reducescatter_async(
-    tensors, name=None, op=ReduceOp.Average, process_set: ProcessSet = global_process_set
+    tensors,
+    name=None,
+    op=ReduceOp.Average,
+    process_set: ProcessSet = global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
 ) -> int:
     eng = engine()
     base = name or eng.auto_name("grouped_reducescatter")
     hs = [
-        synchronize_later(reducescatter_async(t, f"{base}.{i}", op, process_set))
+        synchronize_later(
+            reducescatter_async(
+                t, f"{base}.{i}", op, process_set, prescale_factor, postscale_factor
+            )
+        )
         for i, t in enumerate(tensors)
     ]
     return _register(_Group(base, hs))
@@ -599,9 +619,22 @@ def grouped_reducescatter(
     compression: type[Compressor] = Compression.none,
     op=ReduceOp.Average,
     process_set: ProcessSet = global_process_set,
+    prescale_factor=1.0,
+    postscale_factor=1.0,
 ):
+    """Reducescatter each tensor of the list; returns this rank's slices."""
+    if _autograd().any_differentiable(tensors) and compression is Compression.none:
+        return list(
+            _autograd().GroupedReducescatter.apply(
+                name, op, process_set, prescale_factor, postscale_factor, *tensors
+            )
+        )
     packed = [compression.compress(t.detach()) for t in tensors]
-    outs = synchronize(grouped_reducescatter_async([p[0] for p in packed], name, op, process_set))
+    outs = synchronize(
+        grouped_reducescatter_async(
+            [p[0] for p in packed], name, op, process_set, prescale_factor, postscale_factor
+        )
+    )
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, packed)]
 
 

@@ -61,6 +61,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._sparse_as_dense = sparse_as_dense
         self.backward_passes_per_step = backward_passes_per_step
         self._names = _parameter_names(self.param_groups, named_parameters)
+        self._parameter_names = self._names  # Horovod's attribute: {parameter: name}
         self._groups = _parameter_groups(self.param_groups, groups)
         self._group_of = {p: i for i, g in enumerate(self._groups) for p in g}
         self._group_ready: dict[int, set] = {}
@@ -69,7 +70,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._hooks = []
-        if size() > 1:
+        # A rank outside the process set keeps its own gradients (as Horovod): no hooks.
+        self._included = process_set.included()
+        if size() > 1 and self._included:
             for group in self.param_groups:
                 for p in group["params"]:
                     if p.requires_grad:
@@ -94,14 +97,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _submit(self, p: torch.Tensor) -> None:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
-        if p.grad.is_sparse:
+        grad = p.grad
+        if grad.is_sparse:
             if not self._sparse_as_dense:
                 self._handles[p] = (
-                    sparse_allreduce_async(p.grad, self._names[p], self._op, self._process_set),
+                    sparse_allreduce_async(grad, self._names[p], self._op, self._process_set),
                     "sparse",
                 )
                 return
-            p.grad = p.grad.to_dense()
+            grad = grad.to_dense()  # reduced dense; step() gets it back as a sparse grad
         if p in self._group_of:
             gid = self._group_of[p]
             ready = self._group_ready.setdefault(gid, set())
@@ -111,7 +115,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             else:
                 self._handles[p] = (None, None)  # waits for the rest of its group
             return
-        wire, ctx = self._compression.compress(p.grad)
+        wire, ctx = self._compression.compress(grad)
         pre, post = self._scales()
         handle = allreduce_async_(
             wire,
@@ -144,7 +148,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self) -> None:
         """Wait for every gradient's allreduce (submitting any not yet started, e.g. of
         parameters that got no gradient); the grads then hold the averages."""
-        if size() == 1:
+        if size() == 1 or not self._included:
             self._synchronized = True
             return
         for group in self.param_groups:
@@ -196,7 +200,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 else:
                     _wire, c = ctx
                     out = synchronize(handle)
-                    if out.data_ptr() != p.grad.data_ptr():
+                    if p.grad.is_sparse:  # sparse_as_dense: the optimizer wants it sparse
+                        p.grad = self._compression.decompress(out, c).to_sparse()
+                    elif out.data_ptr() != p.grad.data_ptr():
                         p.grad.copy_(self._compression.decompress(out, c))
 
     @contextlib.contextmanager
@@ -212,9 +218,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(
-                    "optimizer.step() called without `with optimizer.skip_synchronize()` after "
-                    "optimizer.synchronize(); this can cause training slowdown. Wrap step() in "
-                    "skip_synchronize().",
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(): the gradients are reduced a second time, which "
+                    "slows training. Call step() inside `with optimizer.skip_synchronize():`.",
                     stacklevel=2,
                 )
             self.synchronize()
@@ -232,8 +238,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
 def _parameter_names(param_groups, named_parameters) -> dict:
     all_params = [p for g in param_groups for p in g["params"]]
-    if named_parameters is None:
-        return {p: f"noname.{i}" for i, p in enumerate(all_params)}
+    if named_parameters is None:  # as Horovod: by param group and position in it
+        return {
+            p: f"noname.{i}.{j}"
+            for i, group in enumerate(param_groups)
+            for j, p in enumerate(group["params"])
+        }
     named = list(named_parameters)
     if named and not (isinstance(named[0], tuple) and len(named[0]) == 2):
         raise ValueError(
@@ -302,7 +312,10 @@ def DistributedOptimizer(
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups and groups is not None:
         raise ValueError("pass either num_groups or groups, not both")
-    check_process_set(process_set, "DistributedOptimizer")
+    process_set = process_set if process_set is not None else global_process_set
+    # a rank outside the set only keeps its own gradients; the others check the set
+    if not isinstance(process_set, ProcessSet) or process_set.included():
+        check_process_set(process_set, "DistributedOptimizer")
     cls = type(
         optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__)
     )

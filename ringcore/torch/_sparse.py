@@ -7,9 +7,17 @@ import torch
 
 from .._ops import ReduceOp
 from .._process_sets import ProcessSet, global_process_set
-from ._collectives import _Group, _register, allgather_async, synchronize_later
+from ._collectives import _Group, _register, allgather_async, synchronize, synchronize_later
 
 __all__ = ["sparse_allreduce_async"]
+
+
+class SparseHandle(int):
+    """The handle of a sparse allreduce. As Horovod's, calling it waits and returns the
+    reduced sparse tensor; it is also an ordinary handle for ``poll``/``synchronize``."""
+
+    def __call__(self) -> torch.Tensor:
+        return synchronize(self)
 
 
 def sparse_allreduce_async(
@@ -17,8 +25,9 @@ def sparse_allreduce_async(
     name: str,
     op: ReduceOp | int = ReduceOp.Average,
     process_set: ProcessSet = global_process_set,
-) -> int:
-    """Start the reduction of a sparse COO tensor; ``synchronize`` returns a sparse tensor."""
+) -> SparseHandle:
+    """Start the reduction of a sparse COO tensor; ``synchronize(handle)`` (or
+    ``handle()``) returns a sparse tensor."""
     if not tensor.is_sparse:
         raise TypeError(
             "sparse_allreduce_async takes a sparse COO tensor; use allreduce_async for dense ones"
@@ -41,4 +50,4 @@ def sparse_allreduce_async(
             vals = vals / n
         return torch.sparse_coo_tensor(idx.t(), vals, tensor.shape).coalesce()
 
-    return _register(_Group(name, parts, combine))
+    return SparseHandle(_register(_Group(name, parts, combine)))

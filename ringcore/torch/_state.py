@@ -51,5 +51,19 @@ def broadcast_optimizer_state(
         raise TypeError(
             f"broadcast_optimizer_state takes a torch.optim.Optimizer, got {type(optimizer).__name__}"
         )
+    if not optimizer.state:
+        _zero_missing_grads(optimizer)
     state = broadcast_object(optimizer.state_dict(), root_rank, name="optimizer_state")
     optimizer.load_state_dict(state)
+
+
+def _zero_missing_grads(optimizer: torch.optim.Optimizer) -> None:
+    """Before the first step, as Horovod: every parameter that takes gradients gets a
+    zero gradient when it has none (frozen parameters keep ``grad=None``), so code that
+    reads or broadcasts ``p.grad`` right after the broadcast finds a tensor."""
+    sparse = isinstance(optimizer, torch.optim.SparseAdam)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                zero = torch.zeros_like(p)
+                p.grad = zero.to_sparse() if sparse else zero
