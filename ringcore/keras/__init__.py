@@ -45,7 +45,7 @@ from ..tensorflow import (
     reducescatter,
 )
 from ..tensorflow._compression import Compression
-from . import callbacks
+from . import callbacks, elastic
 from ._callbacks import (
     BestModelCheckpoint,
     BroadcastGlobalVariablesCallback,
@@ -54,7 +54,7 @@ from ._callbacks import (
     MetricAverageCallback,
     model_variables,
 )
-from ._optimizer import DistributedOptimizer, wrap_in_place
+from ._optimizer import DistributedOptimizer, PartialDistributedOptimizer, wrap_in_place
 
 __all__ = [
     "Adasum",
@@ -68,6 +68,7 @@ __all__ = [
     "Max",
     "MetricAverageCallback",
     "Min",
+    "PartialDistributedOptimizer",
     "ProcessSet",
     "Product",
     "ReduceOp",
@@ -84,6 +85,7 @@ __all__ = [
     "callbacks",
     "cross_rank",
     "cross_size",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",

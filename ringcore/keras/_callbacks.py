@@ -10,7 +10,7 @@ import numpy as np
 from .. import _runtime
 from ..tensorflow._bridge import tf
 from ..tensorflow._collectives import allreduce
-from ..tensorflow._training import broadcast_variables
+from ..tensorflow._training import broadcast_variables, variable_key
 
 __all__ = [
     "BestModelCheckpoint",
@@ -34,22 +34,29 @@ def model_variables(model: Any) -> list[Any]:
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """At the start of training, every rank takes rank ``root_rank``'s weights and
     optimizer state (Keras builds the optimizer before ``on_train_begin``; if it has
-    not, the optimizer state follows after the first batch)."""
+    not, the optimizer state follows after the first batch). ``local_variables`` keep
+    each rank's own values."""
 
-    def __init__(self, root_rank: int = 0, device: str = ""):
+    def __init__(self, root_rank: int = 0, device: str = "", local_variables: Any = None):
         super().__init__()
         self.root_rank = root_rank
+        self.local_variables = list(local_variables or [])
         self._optimizer_pending = False
 
+    def _shared(self, variables: list[Any]) -> list[Any]:
+        local = {variable_key(v) for v in self.local_variables}
+        return [v for v in variables if variable_key(v) not in local]
+
     def on_train_begin(self, logs: Any = None) -> None:
-        broadcast_variables(model_variables(self.model), self.root_rank)
+        broadcast_variables(self._shared(model_variables(self.model)), self.root_rank)
         optimizer = getattr(self.model, "optimizer", None)
         self._optimizer_pending = optimizer is not None and not optimizer.built
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         if self._optimizer_pending:
             self._optimizer_pending = False
-            broadcast_variables(list(self.model.optimizer.variables), self.root_rank)
+            variables = self._shared(list(self.model.optimizer.variables))
+            broadcast_variables(variables, self.root_rank)
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

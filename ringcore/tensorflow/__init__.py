@@ -35,6 +35,7 @@ from .._runtime import (
     start_timeline,
     stop_timeline,
 )
+from . import elastic
 from ._bridge import tf as _tf  # noqa: F401  (raises the ImportError naming the extra)
 from ._collectives import (
     allgather,
@@ -49,8 +50,17 @@ from ._collectives import (
     reducescatter,
 )
 from ._compression import Compression
+from ._grouped import grouped_allgather, grouped_reducescatter
 from ._optimizer import DistributedOptimizer
-from ._training import DistributedGradientTape, broadcast_variables
+from ._rank_ops import local_rank_op, local_size_op, process_set_included_op, rank_op, size_op
+from ._training import (
+    DistributedGradientTape,
+    PartialDistributedGradientTape,
+    broadcast_,
+    broadcast_global_variables,
+    broadcast_object_fn,
+    broadcast_variables,
+)
 
 __all__ = [
     "Adasum",
@@ -62,6 +72,7 @@ __all__ = [
     "HorovodInternalError",
     "Max",
     "Min",
+    "PartialDistributedGradientTape",
     "ProcessSet",
     "Product",
     "ReduceOp",
@@ -75,33 +86,44 @@ __all__ = [
     "alltoall",
     "barrier",
     "broadcast",
+    "broadcast_",
+    "broadcast_global_variables",
     "broadcast_object",
+    "broadcast_object_fn",
     "broadcast_variables",
     "ccl_built",
     "cross_rank",
     "cross_size",
     "cuda_built",
     "ddl_built",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
+    "grouped_allgather",
     "grouped_allreduce",
+    "grouped_reducescatter",
     "init",
     "is_homogeneous",
     "is_initialized",
     "join",
     "local_rank",
+    "local_rank_op",
     "local_size",
+    "local_size_op",
     "mpi_built",
     "mpi_enabled",
     "mpi_threads_supported",
     "nccl_built",
+    "process_set_included_op",
     "rank",
+    "rank_op",
     "reducescatter",
     "remove_process_set",
     "rocm_built",
     "shutdown",
     "size",
+    "size_op",
     "start_timeline",
     "stop_timeline",
 ]

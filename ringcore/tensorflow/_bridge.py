@@ -20,7 +20,11 @@ every rank runs them in the same order whatever TensorFlow's scheduler does: a
 blocked ``py_function`` can never wait on a peer that waits on another op (the
 engine would sort out the order, but TensorFlow's inter-op threads could all be
 blocked). Unnamed ops are named at execution time from the engine's per-kind
-counters, which ranks running the same program share.
+counters, which ranks running the same program share. The same holds in a TF1
+session graph (``tf.compat.v1``), where it has a cost: ``session.run`` runs what a
+fetch depends on, so fetching a collective runs every one built before it in that
+graph again (Horovod's asynchronous kernels need no such chain; a ``py_function``
+blocks a thread, and independent blocked ones could deadlock the ranks).
 """
 
 from __future__ import annotations
@@ -36,10 +40,45 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "ringcore.tensorflow and ringcore.keras need TensorFlow, which is not installed; "
         "install it with: pip install 'ringtrain[tensorflow]'"
     ) from exc
+import functools
+
 import torch
 import torch.utils.dlpack
 
-__all__ = ["run_op", "to_tf", "to_torch"]
+from .._errors import CollectiveMismatchError
+
+__all__ = ["MismatchError", "run_op", "to_tf", "to_torch"]
+
+
+class MismatchError(tf.errors.FailedPreconditionError, CollectiveMismatchError):
+    """Ranks disagree on a collective (shape, dtype, op, root rank): in eager mode,
+    the ``tf.errors.FailedPreconditionError`` Horovod's TensorFlow ops raise, and
+    still a :class:`ringcore.CollectiveMismatchError`. Inside a graph (``tf.function``,
+    a TF1 session) the op is a ``tf.py_function``, which keeps no error class of
+    the Python code but ValueError's: there it is an ``InvalidArgumentError`` with the
+    same message."""
+
+    def __init__(self, message: str):
+        tf.errors.FailedPreconditionError.__init__(self, None, None, message)
+
+    def __reduce__(self):
+        return (type(self), (self.message,))
+
+
+def _tf_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` raising a mismatch between ranks as :class:`MismatchError`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except CollectiveMismatchError as exc:
+            if isinstance(exc, MismatchError):
+                raise
+            raise MismatchError(str(exc)) from exc
+
+    return wrapper
+
 
 _chains: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
@@ -72,6 +111,7 @@ def run_op(
 ) -> Any:
     """``fn(*inputs)`` now when eager; in a graph, a ``tf.py_function`` chained after
     the graph's previous collective (see the module docstring)."""
+    fn = _tf_errors(fn)
     if tf.executing_eagerly():
         return fn(*inputs)
     graph = tf.compat.v1.get_default_graph()

@@ -8,8 +8,8 @@ copied). Floating-point ops carry Horovod's gradients through ``tf.custom_gradie
 - allgather: the average of the incoming gradients over ranks, this rank's rows of it;
 - broadcast: the average of the incoming gradients on the root, zeros elsewhere;
 - alltoall: the incoming gradient sent back along the received splits;
-- reducescatter: the allgather of the incoming gradient (divided by the set's size
-  for Average).
+- reducescatter: the allgather of the incoming gradient (times the set's size for
+  Sum, as Horovod defines it), times the scale factors.
 """
 
 from __future__ import annotations
@@ -108,7 +108,10 @@ def _check_allreduce(op: ReduceOp, tensor: Any, process_set: ProcessSet) -> int:
 def _sparse_allreduce(slices, op, process_set, name):
     """IndexedSlices as Horovod reduces them: gather every rank's values and indices."""
     if op not in (ReduceOp.Average, ReduceOp.Sum):
-        raise ValueError(f"allreduce of IndexedSlices supports op=Average or Sum, not {op.name}")
+        raise NotImplementedError(
+            f"allreduce of tf.IndexedSlices supports op=Average or Sum, not {op.name}; "
+            "convert it with tf.convert_to_tensor to reduce it as a dense tensor"
+        )
     values = allgather(slices.values, None if name is None else f"{name}.values", process_set)
     indices = allgather(slices.indices, None if name is None else f"{name}.indices", process_set)
     if op == ReduceOp.Average:
@@ -134,6 +137,12 @@ def allreduce(
     rop = resolve_op(average, op)
     if isinstance(tensor, tf.IndexedSlices):
         check_process_set(process_set, "allreduce")
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise NotImplementedError(
+                "allreduce of tf.IndexedSlices does not take prescale_factor or "
+                f"postscale_factor (got {prescale_factor}, {postscale_factor}); scale the "
+                "values yourself or convert it with tf.convert_to_tensor"
+            )
         return _sparse_allreduce(tensor, rop, process_set, name)
     tensor = tf.convert_to_tensor(tensor)
     _check_allreduce(rop, tensor, process_set)
@@ -188,6 +197,33 @@ def grouped_allreduce(
     if not isinstance(tensors, list | tuple) or not tensors:
         raise TypeError("grouped_allreduce takes a non-empty list of tensors")
     rop = resolve_op(average, op)
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    if sparse:  # as Horovod: the IndexedSlices gathered, the dense ones fused
+        check_process_set(process_set, "grouped_allreduce")
+        out = list(tensors)
+        for i in sparse:
+            out[i] = allreduce(
+                tensors[i],
+                op=rop,
+                prescale_factor=prescale_factor,
+                postscale_factor=postscale_factor,
+                process_set=process_set,
+                name=None if name is None else f"{name}.{i}",
+            )
+        dense = [i for i in range(len(tensors)) if i not in sparse]
+        if dense:
+            reduced = grouped_allreduce(
+                [tensors[i] for i in dense],
+                compression=compression,
+                op=rop,
+                prescale_factor=prescale_factor,
+                postscale_factor=postscale_factor,
+                process_set=process_set,
+                name=name,
+            )
+            for i, r in zip(dense, reduced, strict=True):
+                out[i] = r
+        return out
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     for t in tensors:
         _check_allreduce(rop, t, process_set)
@@ -300,34 +336,52 @@ def alltoall(
     ignore_name_scope=False,
     process_set: ProcessSet = global_process_set,
 ):
-    """Send ``splits[i]`` rows to rank i; as Horovod's TensorFlow op, returns the
-    received tensor and the received splits."""
+    """Send ``splits[i]`` rows to rank i (equal parts without ``splits``). As Horovod's
+    TensorFlow op: returns the received tensor, and with ``splits`` given, the received
+    splits (int32) too."""
     tensor = tf.convert_to_tensor(tensor)
     check_process_set(process_set, "alltoall")
-    n = _set_size(process_set)
-    if splits is None:
-        rows = tf.shape(tensor, out_type=tf.int32)[0]
-        if tf.executing_eagerly() and int(rows) % n:
-            raise ValueError(
-                f"alltoall without splits needs the first dimension ({int(rows)}) to divide by "
-                f"the number of ranks ({n}); pass splits= to send uneven parts."
-            )
-        splits = tf.fill([n], rows // n)
-    splits = tf.cast(tf.reshape(tf.convert_to_tensor(splits), [-1]), tf.int32)
+    given = splits is not None
+    if given:
+        splits = tf.cast(tf.reshape(tf.convert_to_tensor(splits), [-1]), tf.int32)
+    else:
+        splits = _equal_splits(tensor, _set_size(process_set))
     if not _floating(tensor):
-        return _alltoall_raw(tensor, splits, process_set, name)
+        out, received = _alltoall_raw(tensor, splits, process_set, name)
+    else:
 
-    @tf.custom_gradient
-    def fn(x):
-        out, received = _alltoall_raw(x, splits, process_set, name)
+        @tf.custom_gradient
+        def fn(x):
+            out, received = _alltoall_raw(x, splits, process_set, name)
 
-        def grad(dy, _dsplits=None):
-            back, _ = _alltoall_raw(dy, received, process_set, None)
-            return back
+            def grad(dy, _dsplits=None):
+                back, _ = _alltoall_raw(dy, tf.stop_gradient(received), process_set, None)
+                return back
 
-        return (out, received), grad
+            return (out, received), grad
 
-    return fn(tensor)
+        out, received = fn(tensor)
+    return (out, received) if given else out
+
+
+def _equal_splits(tensor: Any, n: int) -> Any:
+    """``n`` equal splits of the first dimension; InvalidArgumentError (as Horovod's op)
+    when it does not divide by ``n``."""
+    if tensor.shape.rank == 0:
+        raise tf.errors.InvalidArgumentError(
+            None, None, "alltoall needs a tensor with at least one dimension"
+        )
+    rows = tensor.shape[0] if tensor.shape.rank is not None else None
+    if rows is None and tf.executing_eagerly():
+        rows = int(tf.shape(tensor)[0])
+    if rows is not None and rows % n:
+        raise tf.errors.InvalidArgumentError(
+            None,
+            None,
+            f"alltoall without splits needs the first dimension ({rows}) to divide by the "
+            f"number of ranks ({n}); pass splits= to send uneven parts",
+        )
+    return tf.fill([n], tf.shape(tensor, out_type=tf.int32)[0] // n)
 
 
 def _reducescatter_raw(tensor, op, pre, post, process_set, name):
@@ -371,9 +425,8 @@ def reducescatter(
     def fn(x):
         def grad(dy):
             gathered = _allgather_raw(dy, process_set, None)
-            if rop == ReduceOp.Average:
-                gathered = gathered / tf.cast(_set_size(process_set), gathered.dtype)
-            return gathered * tf.cast(pre * post, gathered.dtype)
+            scale = pre * post * (_set_size(process_set) if rop == ReduceOp.Sum else 1)
+            return gathered * tf.cast(scale, gathered.dtype)
 
         return _reducescatter_raw(x, rop, pre, post, process_set, name), grad
 

@@ -12,7 +12,17 @@ from ._bridge import run_op, tf, to_tf, to_torch
 from ._collectives import _check_root, allreduce, grouped_allreduce
 from ._compression import Compression
 
-__all__ = ["DistributedGradientTape", "GradientReducer", "broadcast_variables"]
+__all__ = [
+    "DistributedGradientTape",
+    "GradientReducer",
+    "PartialDistributedGradientTape",
+    "broadcast_",
+    "broadcast_global_variables",
+    "broadcast_object_fn",
+    "broadcast_variables",
+    "local_layer_variables",
+    "variable_key",
+]
 
 
 class GradientReducer:
@@ -30,6 +40,7 @@ class GradientReducer:
         groups: Any = None,
         process_set: ProcessSet = global_process_set,
         prescale_factor: float = 1.0,
+        scale_local_gradients: bool = True,
     ):
         self.op = ReduceOp(int(op))
         if groups is not None:
@@ -47,27 +58,38 @@ class GradientReducer:
         self.compression, self.sparse_as_dense = compression, sparse_as_dense
         self.predivide, self.num_groups = float(gradient_predivide_factor), num_groups
         self.process_set, self.prescale = process_set, float(prescale_factor)
+        self.scale_local = scale_local_gradients
 
-    def _scales(self) -> tuple[ReduceOp, float, float]:
+    def _scales(self, prescale: bool = True) -> tuple[ReduceOp, float, float]:
+        pre = self.prescale if prescale else 1.0
         if self.predivide != 1.0:  # Horovod: sum the pre-divided values, scale after
             n = (self.process_set or global_process_set).size()
-            return ReduceOp.Sum, self.prescale / self.predivide, self.predivide / n
-        return self.op, self.prescale, 1.0
+            return ReduceOp.Sum, pre / self.predivide, self.predivide / n
+        return self.op, pre, 1.0
 
-    def reduce(self, grads: list[Any]) -> list[Any]:
+    def scale(self, grads: list[Any]) -> list[Any]:
+        """``grads`` (reduced already) times ``prescale_factor``, without communication."""
+        return [_scaled(g, self.prescale) for g in grads]
+
+    def reduce(
+        self, grads: list[Any], local: list[bool] | None = None, prescale: bool = True
+    ) -> list[Any]:
+        """``grads`` reduced over the ranks, but those where ``local`` is true: they are
+        only divided by the number of ranks (Horovod's ``scale_local_gradients``)."""
         check_process_set(self.process_set, "DistributedGradientTape")
-        if (self.process_set or global_process_set).size() == 1 and self.prescale == 1.0:
-            return list(grads)
+        n = (self.process_set or global_process_set).size()
         grads = list(grads)
+        local = list(local) if local is not None else [False] * len(grads)
+        if n == 1 and (self.prescale == 1.0 or not prescale):
+            return grads
         if self.sparse_as_dense:
             grads = [
                 tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads
             ]
-        op, pre, post = self._scales()
+        op, pre, post = self._scales(prescale)
         out: list[Any] = list(grads)
-        dense = [
-            i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)
-        ]
+        shared = [i for i, g in enumerate(grads) if g is not None and not local[i]]
+        dense = [i for i in shared if not isinstance(grads[i], tf.IndexedSlices)]
         for part in _split(dense, self.num_groups):
             reduced = grouped_allreduce(
                 [grads[i] for i in part],
@@ -79,15 +101,34 @@ class GradientReducer:
             )
             for i, r in zip(part, reduced, strict=True):
                 out[i] = r
-        for i, g in enumerate(grads):
-            if isinstance(g, tf.IndexedSlices):
+        for i in shared:
+            if isinstance(grads[i], tf.IndexedSlices):
                 sparse_op = ReduceOp.Sum if op == ReduceOp.Sum else ReduceOp.Average
-                reduced = allreduce(g, op=sparse_op, process_set=self.process_set)
-                if pre * post != 1.0:
-                    scaled = reduced.values * tf.cast(pre * post, reduced.values.dtype)
-                    reduced = tf.IndexedSlices(scaled, reduced.indices, reduced.dense_shape)
-                out[i] = reduced
+                reduced = allreduce(grads[i], op=sparse_op, process_set=self.process_set)
+                out[i] = _scaled(reduced, pre * post)
+        kept = self.prescale if prescale else 1.0  # the local ones: no predivide to undo
+        for i, g in enumerate(grads):
+            if local[i] and g is not None:
+                out[i] = _scaled(g, kept / n if self.scale_local else kept)
         return out
+
+
+def _scaled(grad: Any, factor: float) -> Any:
+    if grad is None or factor == 1.0:
+        return grad
+    if isinstance(grad, tf.IndexedSlices):
+        values = grad.values * tf.cast(factor, grad.values.dtype)
+        return tf.IndexedSlices(values, grad.indices, grad.dense_shape)
+    return grad * tf.cast(factor, grad.dtype)
+
+
+def variable_key(var: Any) -> Any:
+    """A hashable key for a variable, the same for a Keras 3 variable and the
+    ``tf.Variable`` it holds (Keras 3 variables have no ``ref()``)."""
+    inner = getattr(var, "_value", None)
+    if isinstance(inner, tf.Variable):
+        var = inner
+    return var.ref() if hasattr(var, "ref") else id(var)
 
 
 def _split(indices: list[int], groups: int) -> list[list[int]]:
@@ -131,9 +172,23 @@ class DistributedGradientTape:
             num_groups,
             groups,
             process_set,
+            scale_local_gradients=scale_local_gradients,
         )
+        self._local_sources: set[Any] = set()
 
-    def gradient(self, target, sources, output_gradients=None, unconnected_gradients=None):
+    def register_local_source(self, source: Any) -> None:
+        """Keep ``source``'s gradient local (model parallelism): it is not reduced over
+        the ranks, only divided by their number unless ``scale_local_gradients=False``."""
+        self._local_sources.add(variable_key(source))
+
+    def gradient(
+        self,
+        target,
+        sources,
+        output_gradients=None,
+        unconnected_gradients=None,
+        use_generic_names=False,
+    ):
         kwargs = (
             {}
             if unconnected_gradients is None
@@ -141,7 +196,23 @@ class DistributedGradientTape:
         )
         grads = self._tape.gradient(target, sources, output_gradients, **kwargs)
         flat = tf.nest.flatten(grads, expand_composites=False)
-        return tf.nest.pack_sequence_as(grads, self._reducer.reduce(flat))
+        local = None
+        if self._local_sources:
+            local = [variable_key(s) in self._local_sources for s in tf.nest.flatten(sources)]
+        return tf.nest.pack_sequence_as(grads, self._reducer.reduce(flat, local=local))
+
+    def get_local_and_global_gradients(
+        self, target, sources, output_gradients=None, use_generic_names=False
+    ) -> tuple[list[tuple[Any, Any]], list[tuple[Any, Any]]]:
+        """``gradient(target, sources)`` as two lists of ``(source, gradient)``: the
+        local sources' and the others'."""
+        sources = list(tf.nest.flatten(sources))
+        grads = self.gradient(target, sources, output_gradients)
+        local: list[tuple[Any, Any]] = []
+        shared: list[tuple[Any, Any]] = []
+        for s, g in zip(sources, grads, strict=True):
+            (local if variable_key(s) in self._local_sources else shared).append((s, g))
+        return local, shared
 
     def __enter__(self) -> DistributedGradientTape:
         self._tape.__enter__()
@@ -154,6 +225,57 @@ class DistributedGradientTape:
         return getattr(self._tape, name)
 
 
+def PartialDistributedGradientTape(
+    gradtape: Any,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    sparse_as_dense: bool = False,
+    op: Any = ReduceOp.Average,
+    gradient_predivide_factor: float = 1.0,
+    num_groups: int = 0,
+    groups: Any = None,
+    process_set: ProcessSet = global_process_set,
+    local_layers: Any = None,
+    scale_local_gradients: bool = True,
+) -> DistributedGradientTape:
+    """A ``DistributedGradientTape`` whose ``local_layers`` (a Keras layer or a list of
+    them) keep their gradients local, as registered with ``register_local_source``."""
+    tape = DistributedGradientTape(
+        gradtape,
+        device_dense,
+        device_sparse,
+        compression,
+        sparse_as_dense,
+        op,
+        gradient_predivide_factor,
+        num_groups,
+        groups,
+        process_set,
+        scale_local_gradients,
+    )
+    for var in local_layer_variables(local_layers):
+        tape.register_local_source(var)
+    return tape
+
+
+def local_layer_variables(local_layers: Any) -> list[Any]:
+    """The trainable variables of ``local_layers`` (None, a Keras layer or a list)."""
+    import keras
+
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    wrong = [type(x).__name__ for x in local_layers if not isinstance(x, keras.layers.Layer)]
+    if wrong:
+        raise ValueError(
+            f"local_layers must be Keras layers, got {', '.join(wrong)}; pass model.layers[i]"
+        )
+    return [var for layer in local_layers for var in layer.trainable_weights]
+
+
 def broadcast_variables(
     variables: Any,
     root_rank: int,
@@ -163,10 +285,10 @@ def broadcast_variables(
     """Assign rank ``root_rank``'s value to every variable in ``variables`` on every rank
     (all broadcasts in flight at once)."""
     variables = list(variables)
+    if not variables:  # nothing to send: no collective, so no need of init() either
+        return tf.no_op() if not tf.executing_eagerly() else None
     check_process_set(process_set, "broadcast_variables")
     _check_root(root_rank, process_set)
-    if not variables:
-        return tf.no_op() if not tf.executing_eagerly() else None
 
     def eager(*values):
         handles = [C.broadcast_async(to_torch(v), root_rank, None, process_set) for v in values]
@@ -176,3 +298,52 @@ def broadcast_variables(
     received = run_op(eager, values, [v.dtype for v in values], "RingBroadcastVariables")
     assigns = [v.assign(r) for v, r in zip(variables, received, strict=True)]
     return None if tf.executing_eagerly() else tf.group(*assigns)
+
+
+def broadcast_(
+    variables: Any, root_rank: int, name: str | None = None, process_set=global_process_set
+) -> list[Any]:
+    """Horovod's in-place broadcast: every variable of the list takes rank
+    ``root_rank``'s value; returns the variables' new values, in order."""
+    variables = list(variables)
+    check_process_set(process_set, "broadcast_")
+    _check_root(root_rank, process_set)
+    names = [None if name is None else f"{name}.{i}" for i in range(len(variables))]
+
+    def eager(*values):
+        handles = [
+            C.broadcast_async(to_torch(v), root_rank, n, process_set)
+            for v, n in zip(values, names, strict=True)
+        ]
+        return [to_tf(C.synchronize(h)) for h in handles]
+
+    if not variables:
+        return []
+    values = [tf.convert_to_tensor(v) for v in variables]
+    received = run_op(eager, values, [v.dtype for v in values], "RingBroadcastInPlace")
+    return [v.assign(r) for v, r in zip(variables, received, strict=True)]
+
+
+def broadcast_global_variables(root_rank: int) -> Any:
+    """Broadcast TF1's global variables (graph mode only, as Horovod): in eager mode
+    there is no such collection, so this raises ``RuntimeError``."""
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "broadcast_global_variables() needs graph mode (TensorFlow 1 global variables); "
+            "in eager mode call broadcast_variables(model.variables, root_rank) instead"
+        )
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+def broadcast_object_fn(
+    root_rank: int = 0,
+    session: Any = None,
+    name: str | None = None,
+    process_set: ProcessSet = global_process_set,
+) -> Any:
+    """A function ``fn(obj)`` that returns rank ``root_rank``'s ``obj`` on every rank."""
+
+    def broadcast(obj: Any) -> Any:
+        return C.broadcast_object(obj, root_rank, name, process_set)
+
+    return broadcast
