@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import io
+import posixpath
 from collections.abc import Callable
 from typing import Any
 
@@ -25,10 +26,19 @@ from ._config import FitConfig, resolve_config
 from ._frameworks import KERAS, LIGHTNING
 from ._mlflow import log_to_mlflow
 from ._model import RingModel
-from ._params import ESTIMATOR_PARAMS, GeneratedAccessors, init_params, with_params
+from ._params import (
+    ESTIMATOR_PARAMS,
+    HOROVOD_ONLY_PARAMS,
+    GeneratedAccessors,
+    checked_params,
+    init_params,
+    with_horovod_params,
+    with_params,
+)
 from ._prepare import PreparedData, describe_parquet, prepare_data
 from ._report import HistoryPrinter
 from ._spec import data_spec_fields
+from ._store import TRAIN_DATA, VAL_DATA, Store
 from ._train_torch import TrainSpec, as_outputs, train
 
 __all__ = ["RingEstimator"]
@@ -123,6 +133,29 @@ def _activate(spark: SparkSession) -> None:
         jvm.SparkSession.setActiveSession(spark._jsparkSession)
 
 
+def _horovod_paths(store: Store, dataset_idx: int | None) -> tuple[str, str | None]:
+    """Horovod's ``fit_on_parquet(dataset_idx=...)``: the training and (when present)
+    validation data of that index in the store; None reads the unnumbered
+    ``intermediate_train_data`` / ``intermediate_val_data`` (Horovod's default)."""
+    if dataset_idx is None:
+        train = posixpath.join(store.prefix_path, TRAIN_DATA)
+        val = posixpath.join(store.prefix_path, VAL_DATA)
+    else:
+        if isinstance(dataset_idx, bool) or not isinstance(dataset_idx, int) or dataset_idx < 0:
+            raise ValueError(f"dataset_idx must be an integer >= 0 or None, got {dataset_idx!r}")
+        train, val = store.get_train_data_path(dataset_idx), store.get_val_data_path(dataset_idx)
+    if not store.exists(train):
+        count = store.next_data_index()
+        held = f"indices 0..{count - 1}" if count else "no prepared data"
+        raise ValueError(
+            f"fit_on_parquet(dataset_idx={dataset_idx!r}) found no training data at {train}; "
+            f"the store {store.prefix_path} holds {held}. Pass the dataset_idx an earlier fit "
+            "or prepare step wrote, or train_path= to read Parquet from another path."
+        )
+    return train, (val if store.exists(val) else None)
+
+
+@with_horovod_params(HOROVOD_ONLY_PARAMS)
 @with_params(ESTIMATOR_PARAMS)
 class RingEstimator(GeneratedAccessors, Estimator):
     """Train a torch ``nn.Module`` on a Spark DataFrame with ``num_proc`` workers.
@@ -137,6 +170,10 @@ class RingEstimator(GeneratedAccessors, Estimator):
     def __init__(self, **kwargs: Any):
         super().__init__()
         init_params(self, ESTIMATOR_PARAMS, kwargs)
+
+    def setParams(self, **kwargs: Any) -> RingEstimator:
+        """Set several params at once, as the constructor's keywords (Horovod's ``setParams``)."""
+        return self._set(**checked_params(self, ESTIMATOR_PARAMS, kwargs))
 
     def copy(self, extra: Any = None) -> RingEstimator:
         """An independent estimator (Spark ML ``copy``): ``extra`` params applied, and the
@@ -160,12 +197,48 @@ class RingEstimator(GeneratedAccessors, Estimator):
         return model.setLabelKinds(label_kinds(dataset.schema, cfg.label_cols))
 
     def fit_on_parquet(
-        self, train_path: str, val_path: str | None = None, params: dict | None = None
+        self,
+        train_path: str | dict | None = None,
+        val_path: str | int | None = None,
+        params: dict | None = None,
+        *,
+        dataset_idx: int | None = None,
     ) -> RingModel:
-        """Train on Parquet already in the store (e.g. ``store.get_train_data_path(0)``
-        written by an earlier ``fit``), with optional validation data; ``params``
-        overrides params as in ``fit``. The ``validation`` param is not used here."""
+        """Train on Parquet already in the store, without a DataFrame.
+
+        Two call shapes: ours, ``fit_on_parquet(train_path, val_path=None, params=None)``
+        with paths inside the store (e.g. ``store.get_train_data_path(0)`` written by an
+        earlier ``fit``); and Horovod's, ``fit_on_parquet(params=None, dataset_idx=None)``
+        (also positionally, ``fit_on_parquet({...}, 0)``), which reads
+        ``intermediate_train_data.<dataset_idx>`` of the ``store`` param and its
+        validation data when present (``dataset_idx=None``: the unnumbered
+        ``intermediate_train_data``). ``params`` overrides params as in ``fit``; the
+        ``validation`` param is not used here.
+        """
+        if isinstance(train_path, dict):  # Horovod's positional fit_on_parquet(params, idx)
+            if params is not None:
+                raise TypeError("fit_on_parquet got params twice (positionally and by name)")
+            params, train_path = train_path, None
+            if val_path is not None:
+                if dataset_idx is not None:
+                    raise TypeError("fit_on_parquet got dataset_idx twice")
+                dataset_idx, val_path = val_path, None  # type: ignore[assignment]
+        if train_path is not None and dataset_idx is not None:
+            raise ValueError(
+                f"fit_on_parquet got train_path={train_path!r} and dataset_idx={dataset_idx!r}; "
+                "pass one: a path, or the index of data prepared in the store"
+            )
+        if val_path is not None and not isinstance(val_path, str):
+            raise TypeError(f"val_path must be a path in the store, got {val_path!r}")
         est = self.copy(params) if params else self
+        if train_path is None:
+            if not est.isSet("store") or est.getStore() is None:
+                raise ValueError(
+                    "fit_on_parquet without train_path reads the data prepared in the store, "
+                    "but no store is set; pass store=Store.create(prefix) (the prefix the data "
+                    "was written under), or train_path=..."
+                )
+            train_path, val_path = _horovod_paths(est.getStore(), dataset_idx)
         cfg = resolve_config(est, None, SparkSession.getActiveSession())
         paths = [train_path] + ([val_path] if val_path is not None else [])
         _check_parquet_columns(cfg, paths)

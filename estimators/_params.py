@@ -21,11 +21,16 @@ from ._store import Store
 
 __all__ = [
     "ESTIMATOR_PARAMS",
+    "HOROVOD_ONLY_PARAMS",
     "MODEL_PARAMS",
     "GeneratedAccessors",
+    "HorovodParam",
     "ParamSpec",
     "accessor_names",
+    "checked_params",
+    "horovod_param",
     "init_params",
+    "with_horovod_params",
     "with_params",
 ]
 
@@ -202,14 +207,147 @@ def with_params(specs: Sequence[ParamSpec]) -> Callable[[type], type]:
     return declare
 
 
-def init_params(instance: Params, specs: Sequence[ParamSpec], kwargs: dict[str, Any]) -> None:
-    """Set the table's defaults, then ``kwargs`` (unknown names raise TypeError)."""
+def checked_params(
+    instance: Params, specs: Sequence[ParamSpec], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """``kwargs`` as values of the table's params: Horovod-only params mapped or refused
+    (:data:`HOROVOD_ONLY_PARAMS`), other unknown names raise TypeError."""
     known = {spec.name for spec in specs}
-    unknown = sorted(set(kwargs) - known)
+    owner = type(instance).__name__
+    ours = {k: v for k, v in kwargs.items() if k not in _HOROVOD_BY_NAME or k in known}
+    for name in sorted(set(kwargs) - set(ours)):
+        for key, value in horovod_param(owner, name, kwargs[name]).items():
+            if key in ours and ours[key] != value:
+                raise ValueError(
+                    f"{name}={kwargs[name]!r} means {key}={value!r}, but {key}={ours[key]!r} "
+                    f"was passed too; pass only {key}"
+                )
+            ours[key] = value
+    unknown = sorted(set(ours) - known)
     if unknown:
         raise TypeError(
-            f"{type(instance).__name__} got unknown param(s) {', '.join(unknown)}; "
+            f"{owner} got unknown param(s) {', '.join(unknown)}; "
             f"its params are: {', '.join(sorted(known))}"
         )
+    return ours
+
+
+def init_params(instance: Params, specs: Sequence[ParamSpec], kwargs: dict[str, Any]) -> None:
+    """Set the table's defaults, then ``kwargs`` (checked by :func:`checked_params`)."""
+    values = checked_params(instance, specs, kwargs)
     instance._setDefault(**{spec.name: spec.default for spec in specs})
-    instance._set(**kwargs)
+    instance._set(**values)
+
+
+# --- Horovod's estimator params that RingEstimator does not have -------------------
+
+
+@dataclass(frozen=True)
+class HorovodParam:
+    """A param of Horovod's ``TorchEstimator`` / ``KerasEstimator`` / Lightning estimator
+    that is not in :data:`ESTIMATOR_PARAMS`. Passing it with a value in ``inert`` (its
+    Horovod default, or None) changes nothing and is accepted; ``alias`` maps a value onto
+    our params; any other value raises with ``why``: the ringtrain way, or why it does not
+    apply."""
+
+    name: str
+    why: str
+    inert: tuple[Any, ...] = (None,)
+    alias: Callable[[Any], dict[str, Any]] | None = None
+
+
+def _num_gpus(value: Any) -> dict[str, Any]:
+    """Lightning's ``num_gpus``: 0 trains on CPU, 1 on each task's GPU."""
+    if value in (0, 1) and not isinstance(value, bool):
+        return {"use_gpu": bool(value)}
+    raise ValueError(
+        f"num_gpus={value!r}: each RingEstimator process trains on one GPU (the one Spark "
+        "gives its task); pass use_gpu=True (num_gpus=1) or use_gpu=False (num_gpus=0), and "
+        "more GPUs with num_proc."
+    )
+
+
+def _no_compression(value: Any) -> bool:
+    from ringcore.torch import Compression
+
+    return value is Compression.none
+
+
+# fmt: off
+HOROVOD_ONLY_PARAMS: tuple[HorovodParam, ...] = (
+    HorovodParam("backend", "RingEstimator always launches its workers as one Spark barrier stage of the active SparkSession (spark_runner.run); size it with num_proc instead of a SparkBackend"),
+    HorovodParam("gradient_compression", "RingEstimator's loop sends uncompressed gradients; for fp16 compression write the loop yourself with ringcore.torch.DistributedOptimizer(compression=Compression.fp16) under spark_runner.run", inert=(None, "none")),
+    HorovodParam("compress_sparse_cols", "SparseVector columns are written dense (as arrays); there is no compressed sparse format to choose", inert=(None, False)),
+    HorovodParam("loss_weights", "not offered: with several label columns the outputs' losses are summed with weight 1 each; for other weights, train a LightningModule whose training_step weighs them"),
+    HorovodParam("continuous_cols", "list every input column in feature_cols (the model gets them in that order)"),
+    HorovodParam("categorical_cols", "list every input column in feature_cols (the model gets them in that order)"),
+    HorovodParam("val_reader_num_workers", "validation data is read by one reader per process; train_reader_num_workers sets the training reader's threads"),
+    HorovodParam("reader_pool_type", "the petastorm reader always uses a thread pool (Horovod's default 'thread'); choose the reader itself with reader='petastorm' | 'arrow' | 'auto'", inert=(None, "thread")),
+    HorovodParam("shuffle_buffer_size", "deprecated in Horovod too; ringtrain shuffles each process's whole shard every epoch (shuffle=True)"),
+    HorovodParam("partitions_per_process", "the Parquet data is written as num_proc balanced partitions, one per process; there is no partition count to set"),
+    HorovodParam("transformation_edit_fields", "transformation_fn's output is used as it comes (no petastorm TransformSpec schema to declare); drop it"),
+    HorovodParam("transformation_removed_fields", "transformation_fn's output is used as it comes (no petastorm TransformSpec schema to declare); drop it"),
+    HorovodParam("label_shapes", "labels keep the shape they have in the DataFrame; reshape them in the loss or in transformation_fn"),
+    HorovodParam("input_shapes", "the features' shapes are read from the data, so there is nothing to declare; drop it"),
+    HorovodParam("mp_start_method", "the workers are Spark tasks, not multiprocessing children; there is no start method to choose"),
+    HorovodParam("tensorflow_dataset_prefetch_buffer_size", "the Keras loop reads Parquet through ringcore.data, not a tf.data pipeline; there is no prefetch buffer to size", inert=(None, 0)),
+    HorovodParam("data_module", "choose the reader with reader='petastorm' | 'arrow' | 'auto'; custom data modules are not offered"),
+    HorovodParam("loss_constructors", "pass the loss itself, e.g. loss=torch.nn.MSELoss()"),
+    HorovodParam("train_minibatch_fn", "customise a training step with a LightningModule's training_step, or with callbacks (on_batch_end)"),
+    HorovodParam("custom_objects", "RingEstimator saves Keras models as .keras files; register custom layers with keras.saving.register_keras_serializable", inert=(None, {})),
+    HorovodParam("checkpoint_callback", "RingEstimator checkpoints every epoch into the store (<store>/runs/<run_id>/checkpoint) and resumes a run_id from there; drop it"),
+    HorovodParam("backend_env", "set the executors' environment in the Spark conf (spark.executorEnv.NAME=value) when you create the SparkSession", inert=(None, {"LIBHDFS_OPTS": "-Xms2048m -Xmx2048m"})),
+    HorovodParam("num_gpus", "use use_gpu=True or False", alias=_num_gpus),
+    HorovodParam("logger", "per-epoch metrics are in RingModel.getHistory() and are logged to MLflow when a run is active; log elsewhere from a callback"),
+    HorovodParam("log_every_n_steps", "metrics are computed per epoch; log per step from a callback's on_batch_end", inert=(None, 50)),
+    HorovodParam("loader_num_epochs", "each epoch reads the shard once; there is no loader epoch count to set"),
+    HorovodParam("terminate_on_nan", "stop on a NaN loss from a callback (on_batch_end) by raising", inert=(None, False)),
+    HorovodParam("profiler", "run the torch profiler from a callback (on_train_begin / on_train_end)"),
+    HorovodParam("trainer_args", "a LightningModule is trained by ringtrain's own loop, not a pl.Trainer, so Trainer arguments do not apply"),
+    HorovodParam("debug_data_loader", "not offered; inspect batches with transformation_fn", inert=(None, False)),
+    HorovodParam("train_async_data_loader_queue_size", "batches are read in the training process; there is no async loader queue to size"),
+    HorovodParam("val_async_data_loader_queue_size", "batches are read in the training process; there is no async loader queue to size"),
+)
+# fmt: on
+
+_HOROVOD_BY_NAME = {p.name: p for p in HOROVOD_ONLY_PARAMS}
+
+
+def _inert(spec: HorovodParam, value: Any) -> bool:
+    if spec.name == "gradient_compression" and _no_compression(value):
+        return True
+    try:
+        return any(value is v or value == v for v in spec.inert)
+    except Exception:  # a value whose == does not give a bool (an array)
+        return False
+
+
+def horovod_param(owner: str, name: str, value: Any) -> dict[str, Any]:
+    """Our params for Horovod's param ``name`` set to ``value`` ({} when it changes
+    nothing); raises with the ringtrain way when it has no counterpart."""
+    spec = _HOROVOD_BY_NAME[name]
+    if _inert(spec, value):
+        return {}
+    if spec.alias is not None:
+        return spec.alias(value)
+    raise ValueError(
+        f"{owner} has no param {name} (Horovod's estimators do; got {name}={value!r}): {spec.why}."
+    )
+
+
+def with_horovod_params(specs: Sequence[HorovodParam]) -> Callable[[type], type]:
+    """Class decorator: a ``setX`` per Horovod-only param, with the same checks as the
+    constructor (Horovod scripts call ``setBackend(...)``, ``setLossWeights(...)``)."""
+
+    def declare(cls: type) -> type:
+        for spec in specs:
+
+            def setter(self: Params, value: Any, _name: str = spec.name) -> Params:
+                return self._set(**horovod_param(type(self).__name__, _name, value))
+
+            setter.__name__ = f"set{_camel(spec.name)}"
+            setter.__doc__ = f"Horovod's {spec.name}: {spec.why}."
+            setattr(cls, setter.__name__, setter)
+        return cls
+
+    return declare

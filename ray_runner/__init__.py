@@ -2,22 +2,30 @@
 
 Ray must be running in the driver first: ``ray.init()`` for a local instance or
 ``ray.init(address="auto")`` for a cluster; ray_runner never starts Ray itself.
-Worker actors share the driver's Python environment.
+Worker actors share the driver's Python environment. Horovod's ``horovod.ray`` shapes
+work too: ``RayExecutor.create_settings(...)``, ``RayExecutor(settings, num_workers=...)``,
+``run(fn, callbacks=[...])`` with ``ray_logger.log(value)`` on the workers, and
+``ElasticRayExecutor``.
 """
 
+from . import _logger as ray_logger
 from ._checkpoint import Checkpoint
 from ._config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ._elastic_executor import ElasticRayExecutor
 from ._errors import PlacementGroupTimeoutError, TrainingFailedError
 from ._executor import RayExecutor
 from ._session import TrainContext, get_checkpoint, get_context, get_dataset_shard, report
+from ._settings import RaySettings
 from ._trainer import Result, RingTrainer
 
 __all__ = [
     "Checkpoint",
     "CheckpointConfig",
+    "ElasticRayExecutor",
     "FailureConfig",
     "PlacementGroupTimeoutError",
     "RayExecutor",
+    "RaySettings",
     "Result",
     "RingTrainer",
     "RunConfig",
@@ -27,5 +35,6 @@ __all__ = [
     "get_checkpoint",
     "get_context",
     "get_dataset_shard",
+    "ray_logger",
     "report",
 ]

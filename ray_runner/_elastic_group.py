@@ -91,7 +91,7 @@ class ElasticGroup:
         try:
             self._open_store()
             self._start_initial()
-            driver = ElasticDriver(self._store, self._alive, min_workers=self.scaling.min_workers)
+            driver = self._make_driver()
             driver.start(list(self.members))
             for rank, (wid, member) in enumerate(self.members.items()):
                 env = self._env(wid, member, rank)
@@ -144,6 +144,10 @@ class ElasticGroup:
             return value
         member.done = True
         return None
+
+    def _make_driver(self) -> ElasticDriver:
+        """The policy that publishes generations (a seam: ElasticRayExecutor bounds resets)."""
+        return ElasticDriver(self._store, self._alive, min_workers=self.scaling.min_workers)
 
     # -- membership ----------------------------------------------------------------
 

@@ -14,6 +14,7 @@ needs no TCP store at all.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -31,9 +32,12 @@ from ringcore import RingError, WorkerError, topology_from_hosts, worker_env
 from ringcore._auth import new_secret
 from ringcore._config import HOSTNAME_ENV_VAR
 from ringcore._gpu import GpuUnavailableError
+from ringcore._topology import host_major_order
 
 from . import _constants as const
+from ._elastic_executor import ElasticRayExecutor, check_callbacks
 from ._errors import PlacementGroupTimeoutError
+from ._settings import RaySettings, create_settings
 from ._worker import CONTROL_GROUP, RingWorker
 
 log = logging.getLogger("ringtrain.ray_runner")
@@ -59,29 +63,83 @@ class RayExecutor:
     ``placement_group_timeout_s`` (default ``$RING_PLACEMENT_GROUP_TIMEOUT`` or 100 s).
     A worker's exception reaches the driver as :class:`ringcore.WorkerError`; other
     ranks may then still wait in a collective, so call ``shutdown()`` before reusing it.
+
+    Horovod's shapes work: ``RayExecutor(settings, num_workers=...)`` with ``settings``
+    from :meth:`create_settings` (``timeout_s``, ``placement_group_timeout_s``, ``nics``;
+    see ``ray_runner._settings``), ``RayExecutor(4)`` (the count, positionally),
+    ``use_current_placement_group=False``, and the elastic mode ``min_workers=`` /
+    ``max_workers=`` / ``reset_limit=`` / ``cooldown_range=`` / ``elastic_timeout=``, which
+    runs each ``run`` as an :class:`ElasticRayExecutor` job.
     """
 
     worker_cls: type = RingWorker  # seam: a test may start a different worker class
 
+    create_settings = staticmethod(create_settings)
+
     def __init__(
         self,
+        settings: RaySettings | int | None = None,
         num_workers: int | None = None,
         num_hosts: int | None = None,
         num_workers_per_host: int = 1,
         cpus_per_worker: float = 1,
         use_gpu: bool = False,
         gpus_per_worker: float | None = None,
+        use_current_placement_group: bool = True,
+        min_workers: int | None = None,
+        max_workers: int | None = None,
+        reset_limit: int | None = None,
+        cooldown_range: tuple[float, float] | None = None,
+        elastic_timeout: float | None = None,
+        override_discovery: bool = True,
         *,
         resources_per_worker: dict[str, float] | None = None,
         placement_strategy: str = "PACK",
         placement_group_timeout_s: float | None = None,
         placement_group: PlacementGroup | str | None = "default",
-        min_workers: int | None = None,
-        max_workers: int | None = None,
     ):
+        if isinstance(settings, int) and not isinstance(settings, bool) and num_workers is None:
+            settings, num_workers = None, settings  # RayExecutor(4): the count, positionally
+        if settings is not None and not isinstance(settings, RaySettings):
+            raise TypeError(
+                f"settings must come from RayExecutor.create_settings(...) (or be None), got "
+                f"{type(settings).__name__}; ringtrain does not read Horovod's Settings objects"
+            )
+        self.settings = settings if settings is not None else RaySettings()
+        # Only settings the caller made reach the workers (the defaults stay ringcore's).
+        self._settings_env = settings.worker_env() if settings is not None else {}
+        if not use_current_placement_group and placement_group == "default":
+            placement_group = None  # Horovod's spelling of "always make a new group"
+        self._elastic: ElasticRayExecutor | None = None
         if min_workers is not None or max_workers is not None:
-            raise NotImplementedError(
-                "elastic RayExecutor (min_workers/max_workers) is not supported yet; pass num_workers"
+            if min_workers is None:
+                raise ValueError(
+                    f"max_workers={max_workers!r} was given without min_workers; an elastic job "
+                    "needs a positive min_workers (and no num_workers)"
+                )
+            if num_workers is not None or num_hosts is not None:
+                raise ValueError(
+                    f"pass either num_workers/num_hosts (a fixed group) or min_workers/max_workers "
+                    f"(elastic), not both: got num_workers={num_workers!r}, num_hosts="
+                    f"{num_hosts!r}, min_workers={min_workers!r}"
+                )
+            self._elastic = ElasticRayExecutor(
+                self.settings,
+                use_gpu=use_gpu,
+                cpus_per_slot=cpus_per_worker,
+                gpus_per_slot=gpus_per_worker,
+                override_discovery=override_discovery,
+                min_workers=min_workers,
+                max_workers=max_workers,
+                reset_limit=reset_limit,
+                cooldown_range=cooldown_range,
+                elastic_timeout=elastic_timeout,
+            )
+            num_workers = min_workers  # the fixed-group attributes below stay meaningful
+        elif reset_limit is not None or cooldown_range is not None:
+            raise ValueError(
+                "reset_limit and cooldown_range apply to an elastic job; pass min_workers "
+                "(and max_workers) with them, or drop them for a fixed num_workers"
             )
         if (num_workers is None) == (num_hosts is None):
             raise ValueError(
@@ -112,6 +170,8 @@ class RayExecutor:
         self.placement_group_timeout_s = (
             placement_group_timeout_s
             if placement_group_timeout_s is not None
+            else settings.placement_group_timeout_s
+            if settings is not None
             else const.get_float(
                 const.PLACEMENT_GROUP_TIMEOUT_ENV_VAR, const.DEFAULT_PLACEMENT_GROUP_TIMEOUT_S
             )
@@ -139,7 +199,19 @@ class RayExecutor:
         executable_kwargs: dict | None = None,
         extra_env_vars: dict[str, str] | None = None,
     ) -> None:
-        """Place and start the workers; ``execute(fn)`` later calls ``fn(executable_cls(...))``."""
+        """Place and start the workers; ``execute(fn)`` later calls ``fn(executable_cls(...))``.
+
+        Elastic (``min_workers=``): checks Ray only; the workers start in each ``run``.
+        """
+        if self._elastic is not None:
+            if executable_cls is not None:
+                raise NotImplementedError(
+                    "an elastic RayExecutor (min_workers=...) starts new workers for each "
+                    "run, so it holds no executable_cls objects; construct the object inside "
+                    "the function you pass to run()"
+                )
+            self._elastic.start(extra_env_vars)
+            return
         if not ray.is_initialized():
             raise RingError(
                 "Ray is not initialized in this process. Call ray.init() for a local instance "
@@ -161,6 +233,8 @@ class RayExecutor:
 
     def shutdown(self) -> None:
         """Kill every worker actor and remove the placement group. Safe to call twice."""
+        if self._elastic is not None:
+            self._elastic.shutdown()
         workers, self._workers, self._hosts, self._node_ids = self._workers, [], [], []
         for worker in workers:
             try:
@@ -185,24 +259,40 @@ class RayExecutor:
     # -- running -------------------------------------------------------------------
 
     def run(
-        self, fn: Callable, args: tuple | list | None = None, kwargs: dict | None = None
+        self,
+        fn: Callable,
+        args: tuple | list | None = None,
+        kwargs: dict | None = None,
+        callbacks: list[Callable] | None = None,
     ) -> list:
-        """``fn(*args, **kwargs)`` on every rank; the results ordered by rank."""
-        return self._collect(self._submit("run", fn, tuple(args or ()), kwargs))
+        """``fn(*args, **kwargs)`` on every rank; the results ordered by rank.
+
+        Every callable in ``callbacks`` is called on the driver with every value a rank
+        logs with ``ray_runner.ray_logger.log(value)`` while ``fn`` runs (as Horovod's).
+        """
+        hooks = check_callbacks(callbacks)
+        if self._elastic is not None:
+            return self._elastic.run_fn(fn, tuple(args or ()), dict(kwargs or {}), callbacks)
+        return self._run_with(hooks, self._submit("run", fn, tuple(args or ()), kwargs))
 
     def run_remote(
         self, fn: Callable, args: tuple | list | None = None, kwargs: dict | None = None
     ) -> list:
         """As ``run`` but returns one ObjectRef per rank at once; ``ray.get`` raises an
         exception that is an instance of :class:`ringcore.WorkerError` when a rank failed."""
+        self._fixed_only("run_remote", "its workers come and go, so there are no ObjectRefs")
         return self._submit("run_raising", fn, tuple(args or ()), kwargs)
 
-    def execute(self, fn: Callable) -> list:
-        """``fn(executable)`` on every rank (the object ``start(executable_cls=...)`` made)."""
-        return self._collect(self._submit("execute", fn))
+    def execute(self, fn: Callable, callbacks: list[Callable] | None = None) -> list:
+        """``fn(executable)`` on every rank (the object ``start(executable_cls=...)`` made);
+        ``callbacks`` as in :meth:`run`."""
+        hooks = check_callbacks(callbacks)
+        self._fixed_only("execute", "it holds no executable_cls objects")
+        return self._run_with(hooks, self._submit("execute", fn))
 
     def execute_single(self, fn: Callable) -> Any:
         """``fn(executable)`` on rank 0 only."""
+        self._fixed_only("execute_single", "it has no fixed rank 0 worker")
         return self._collect([self._started()[0].execute.remote(fn)])[0]
 
     @property
@@ -221,6 +311,48 @@ class RayExecutor:
         return list(self._node_ids)
 
     # -- internals -----------------------------------------------------------------
+
+    def _fixed_only(self, method: str, why: str) -> None:
+        if self._elastic is not None:
+            raise NotImplementedError(
+                f"{method}() is not available on an elastic RayExecutor (min_workers=...): "
+                f"{why}. Use run(fn, args=..., kwargs=...)"
+            )
+
+    def _run_with(self, callbacks: list[Callable], refs: list) -> list:
+        """Collect ``refs``; meanwhile hand every value the ranks log to ``callbacks``."""
+        workers = list(self._workers)
+
+        def deliver() -> None:
+            try:
+                batches = ray.get([w.drain_logs.remote() for w in workers])
+            except ray.exceptions.RayError as exc:  # a dead rank: its run call says so
+                log.debug("could not collect the logged values: %s", exc)
+                return
+            for values in batches:
+                for value in values:
+                    for callback in callbacks:
+                        callback(value)
+
+        if not callbacks:
+            try:
+                return self._collect(refs)
+            finally:  # nothing logged reaches the callbacks of a later call
+                with contextlib.suppress(ray.exceptions.RayError):
+                    ray.get(
+                        [w.drain_logs.remote() for w in workers],
+                        timeout=const.get_float(
+                            const.PING_TIMEOUT_ENV_VAR, const.DEFAULT_PING_TIMEOUT_S
+                        ),
+                    )
+        poll_s = const.get_float(
+            const.REPORT_POLL_INTERVAL_ENV_VAR, const.DEFAULT_REPORT_POLL_INTERVAL_S
+        )
+        try:
+            return self._collect(refs, deliver, poll_s)
+        except WorkerError:
+            deliver()  # what the ranks logged before one failed counts too
+            raise
 
     def _started(self) -> list:
         if not self._workers:
@@ -286,6 +418,7 @@ class RayExecutor:
             env = {
                 **worker_env(topology, store_addr, port, secret=secret),
                 HOSTNAME_ENV_VAR: hosts[rank],
+                **self._settings_env,
                 **gpu_env[rank],
                 **(extra_env_vars or {}),
             }
@@ -379,8 +512,7 @@ class RayExecutor:
         nodes = ray.get(refs)
         ips, node_ids = [n[0] for n in nodes], [n[1] for n in nodes]
         # Ranks of one node contiguous, nodes in order of first appearance.
-        order = {h: i for i, h in reversed(list(enumerate(node_ids)))}
-        ranked = sorted(range(len(workers)), key=lambda i: (order[node_ids[i]], i))
+        ranked = host_major_order(node_ids)
         return (
             [workers[i] for i in ranked],
             [ips[i] for i in ranked],

@@ -22,6 +22,8 @@ import ray
 import ringcore
 from ringcore import Topology, WorkerError
 
+from . import _logger
+
 __all__ = ["CONTROL_GROUP", "RingWorker", "current_topology"]
 
 # Calls that must be served while the default group runs the user's function.
@@ -49,6 +51,7 @@ class RingWorker:
         self.rank = -1
         self.host = ray.util.get_node_ip_address()
         self.executable: Any = None
+        _logger.enable()  # ray_logger.log in this process queues for the driver
 
     def node_ip(self) -> str:
         return self.host
@@ -119,6 +122,11 @@ class RingWorker:
         from . import _session
 
         return _session.drain_reports()
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
+    def drain_logs(self) -> list:
+        """Everything ``ray_runner.ray_logger.log`` queued in this process since the last call."""
+        return _logger.drain()
 
     def _guard(self, fn: Callable, *args: Any, **kwargs: Any) -> Envelope:
         try:

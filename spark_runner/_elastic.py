@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from typing import Any
 
 import cloudpickle
@@ -33,7 +34,14 @@ from ._connect import is_connect
 from ._elastic_task import ElasticTaskSpec, make_elastic_task
 from ._errors import decode_worker_error
 from ._logserver import LogServer
-from ._run import _active_session, _check_options, _plain_keyboard_interrupt, _say, resolve_timeout
+from ._run import (
+    _active_session,
+    _check_options,
+    _plain_keyboard_interrupt,
+    _say,
+    horovod_options_env,
+    resolve_timeout,
+)
 from ._slots import NotEnoughSlotsError, wait_for_slots
 
 log = logging.getLogger("ringtrain.spark_runner")
@@ -128,6 +136,12 @@ def run_elastic(
     stderr: Any = None,
     verbose: int = 1,
     prefix_output_with_timestamp: bool = False,
+    use_gloo: bool | None = None,
+    use_mpi: bool | None = None,
+    extra_mpi_args: str | None = None,
+    nics: Any = None,
+    min_np: int | None = None,
+    max_np: int | None = None,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` as an elastic job and return the return values of
     the workers of the final ring, ordered by rank.
@@ -143,8 +157,14 @@ def run_elastic(
     to ``elastic_timeout`` (default 600 s) for workers to come back, then fails;
     ``reset_limit`` bounds the number of re-formations. Output options as in ``run``;
     a line's prefix is the worker's rank in its current ring (``[-]`` before it joined).
+    Horovod's ``nics``, ``use_gloo``, ``use_mpi``, ``extra_mpi_args`` as in ``run``;
+    ``min_np`` / ``max_np`` are Horovod's deprecated spellings of ``min_num_proc`` /
+    ``max_num_proc``.
     """
     _check_options(fn, env, verbose, None)
+    env = horovod_options_env(env, use_gloo, use_mpi, extra_mpi_args, nics)
+    min_num_proc = _deprecated_alias("min_np", min_np, "min_num_proc", min_num_proc)
+    max_num_proc = _deprecated_alias("max_np", max_np, "max_num_proc", max_num_proc)
     if reset_limit is not None and (not isinstance(reset_limit, int) or reset_limit < 0):
         raise ValueError(f"reset_limit must be a non-negative integer or None, got {reset_limit!r}")
     wait_s = DEFAULT_ELASTIC_TIMEOUT_S if elastic_timeout is None else float(elastic_timeout)
@@ -164,6 +184,16 @@ def run_elastic(
     payload = dumps_with_user_code((fn, tuple(args), dict(kwargs or {})), fn)
     job = _ElasticJob(sc, fn, num_proc, min_n, max_n, timeout, wait_s, reset_limit, verbose)
     return job.run(payload, env, stdout, stderr, prefix_output_with_timestamp)
+
+
+def _deprecated_alias(old: str, old_value: Any, new: str, new_value: Any) -> Any:
+    """Horovod's deprecated ``min_np`` / ``max_np``: accepted, with a DeprecationWarning."""
+    if old_value is None:
+        return new_value
+    if new_value is not None and new_value != old_value:
+        raise ValueError(f"{old}={old_value!r} and {new}={new_value!r} disagree; pass only {new}")
+    warnings.warn(f"{old} is deprecated, use {new} instead", DeprecationWarning, stacklevel=3)
+    return old_value
 
 
 class _ElasticJob:
@@ -191,6 +221,7 @@ class _ElasticJob:
             bind_host=conf.get("spark.driver.bindAddress", host),
             advertised_host=host,
         )
+        self.secret = server.secret  # what the tasks sign their errors with (_errors)
         store = dist.TCPStore(
             host,
             0,
@@ -253,7 +284,7 @@ class _ElasticJob:
 
     def _failure(self, outcome: Any) -> None:
         """Raise a worker's own error (its function raised); a lost task just leaves."""
-        err = decode_worker_error(str(outcome))
+        err = decode_worker_error(str(outcome), self.secret)
         if err is not None and err.error_type != "RingInternalError":
             raise err from None
         log.info("an elastic task ended without a result: %s", str(outcome).splitlines()[0][:200])

@@ -73,6 +73,78 @@ def _check_options(fn, env, verbose, use_gpu) -> None:
         )
 
 
+#: The variables ``nics=`` sets in every task: ringtrain's own and those Gloo and NCCL read.
+IFACE_ENV_VARS = ("RING_IFACE", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def _nic_names(nics: Any) -> list[str]:
+    if isinstance(nics, str):
+        names: list[Any] = [n.strip() for n in nics.split(",")]
+    elif isinstance(nics, (set, frozenset)):
+        names = sorted(nics, key=str)  # a set has no order; make it the same on every run
+    elif isinstance(nics, (list, tuple)):
+        names = list(nics)
+    else:
+        raise TypeError(
+            f"nics takes interface names (a set or list of str, e.g. {{'eth0'}}), "
+            f"got {type(nics).__name__}"
+        )
+    bad = [n for n in names if not isinstance(n, str) or not n or any(c in n for c in ", \t")]
+    if bad or not names:
+        raise ValueError(
+            f"nics={nics!r}: each interface is a non-empty name such as 'eth0' (no commas or "
+            f"spaces){'; got ' + repr(bad[0]) if bad else '; got none'}. List the interfaces "
+            "of the executors' hosts with `ip -br link`."
+        )
+    return list(dict.fromkeys(names))
+
+
+def horovod_options_env(
+    env: dict[str, str] | None,
+    use_gloo: Any = None,
+    use_mpi: Any = None,
+    extra_mpi_args: Any = None,
+    nics: Any = None,
+    executable: Any = None,
+) -> dict[str, str]:
+    """Check Horovod's launcher options of ``run`` / ``run_elastic``; the tasks' env with
+    ``nics`` applied (every variable of :data:`IFACE_ENV_VARS`, comma-joined)."""
+    for name, value in (("use_gloo", use_gloo), ("use_mpi", use_mpi)):
+        if value not in (None, True, False):
+            raise TypeError(f"{name} must be None, True or False, got {value!r}")
+    if use_mpi or extra_mpi_args:
+        given = "use_mpi=True" if use_mpi else f"extra_mpi_args={extra_mpi_args!r}"
+        raise ValueError(
+            f"{given}: MPI under Spark is not supported; spark_runner launches the ranks as "
+            "Spark barrier tasks that form a Gloo ring (NCCL between GPUs). Drop use_mpi / "
+            "extra_mpi_args (use_gloo=True, the default, is fine); for MPI, launch the script "
+            "with mpirun instead."
+        )
+    if use_gloo is False:
+        raise ValueError(
+            "use_gloo=False: spark_runner has no controller but Gloo (MPI under Spark is not "
+            "supported). Drop use_gloo, or pass use_gloo=True."
+        )
+    if executable is not None and executable != sys.executable:
+        raise ValueError(
+            f"executable={executable!r}: the ranks run inside Spark's own Python workers, so "
+            "spark_runner cannot choose their interpreter. Set spark.pyspark.python (or "
+            "PYSPARK_PYTHON) when you create the SparkSession, and drop executable."
+        )
+    env = dict(env or {})
+    if nics is None:
+        return env
+    joined = ",".join(_nic_names(nics))
+    clash = [k for k in IFACE_ENV_VARS if k in env and env[k] != joined]
+    if clash:
+        raise ValueError(
+            f"nics={nics!r} and env[{clash[0]!r}]={env[clash[0]]!r} both choose the data-plane "
+            "interface; pass one of them."
+        )
+    env.update(dict.fromkeys(IFACE_ENV_VARS, joined))
+    return env
+
+
 def resolve_timeout(start_timeout: float | None) -> float:
     """``start_timeout``, else ``RING_SPARK_START_TIMEOUT``, else 600 s (900 s on
     Databricks); checked."""
@@ -148,6 +220,11 @@ def run(
     verbose: int = 1,
     prefix_output_with_timestamp: bool = False,
     use_gpu: bool | None = None,
+    use_gloo: bool | None = None,
+    use_mpi: bool | None = None,
+    extra_mpi_args: str | None = None,
+    nics: Any = None,
+    executable: str | None = None,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``num_proc`` ranks, one Spark task each, and
     return every rank's return value ordered by rank.
@@ -174,8 +251,15 @@ def run(
     ``mapInArrow(..., barrier=True)`` and results come back in chunks; cancellation is
     by operation tag; retries as above, from the server's conf (see
     ``spark_runner._connect``).
+
+    Horovod's launcher options: ``nics`` (interface names, e.g. ``{"eth0"}``) sets the
+    data-plane interface of every task (``RING_IFACE``, ``GLOO_SOCKET_IFNAME``,
+    ``NCCL_SOCKET_IFNAME``); ``use_gloo=True`` is the default anyway; ``use_mpi=True`` or
+    ``extra_mpi_args`` raise (MPI under Spark is not supported); ``executable`` other than
+    this interpreter raises (set ``spark.pyspark.python``).
     """
     _check_options(fn, env, verbose, use_gpu)
+    env = horovod_options_env(env, use_gloo, use_mpi, extra_mpi_args, nics, executable)
     spark = _active_session()
     connect = _connect.is_connect(spark)
     sc = None if connect else spark.sparkContext
@@ -265,7 +349,7 @@ def _run_stage(sc: Any, fn, payload: bytes, spec: TaskSpec, verbose: int) -> lis
             raise
         if interrupted:
             raise KeyboardInterrupt from exc
-        worker_error = decode_worker_error(str(exc))
+        worker_error = decode_worker_error(str(exc), spec.secret)
         if worker_error is not None:
             raise worker_error from None
         raise RingError(f"the Spark barrier stage of {num_proc} tasks failed: {exc}") from exc
