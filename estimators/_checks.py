@@ -38,6 +38,7 @@ from pyspark.sql.types import ArrayType, FractionalType
 from ringcore import WorkerError
 
 from ._columns import feature_expr, label_expr
+from ._runs import record_run
 
 __all__ = [
     "check_config",
@@ -421,6 +422,8 @@ def _store_problem(cfg: Any) -> str | None:
 def launch(launcher: Callable[..., list[Any]], fn: Any, args: tuple, cfg: Any) -> list[Any]:
     """``launcher(fn, args, num_proc)``; a failure caused by the store (a worker's OSError,
     or a store that refuses a write now) is explained (see the module docstring)."""
+    if getattr(cfg, "run_params", None):  # what this run trains, before its first checkpoint
+        record_run(cfg.store, cfg.run_id, cfg.run_params)
     try:
         return launcher(fn, args, cfg.num_proc)
     except WorkerError as err:

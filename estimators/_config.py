@@ -12,7 +12,7 @@ import random
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -27,6 +27,7 @@ from ._columns import check_columns
 from ._frameworks import KERAS, LIGHTNING, TORCH, framework_of
 from ._lightning import overrides
 from ._metrics import resolve_metrics
+from ._runs import run_params, run_to_use
 from ._store import Store
 
 __all__ = ["FitConfig", "resolve_config"]
@@ -62,6 +63,7 @@ class FitConfig:
     backward_passes_per_step: int
     callbacks: list[Any]  # torch: objects with on_epoch_end / on_batch_end (_callbacks.py)
     use_gpu: bool  # resolved: the use_gpu param, or whether CUDA is present
+    run_params: dict[str, Any] = field(default_factory=dict)  # what it trains (_runs.py)
 
 
 def _check_positive(name: str, value: Any, setter: str, optional: bool = False) -> None:
@@ -286,5 +288,7 @@ def resolve_config(est: Any, df: DataFrame | None, spark: SparkSession | None = 
         callbacks=list(est.getCallbacks()),
         use_gpu=_resolve_use_gpu(est.getUseGpu()),
     )
+    params = run_params(cfg, df)  # a run_id holding another fit's checkpoint is not resumed
+    cfg = replace(cfg, run_id=run_to_use(store, cfg.run_id, params), run_params=params)
     check_config(cfg)  # pickling, a writable store, a reused run_id (_checks.py)
     return cfg

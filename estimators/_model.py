@@ -173,6 +173,12 @@ class RingModel(GeneratedAccessors, Model, MLWritable, MLReadable["RingModel"]):
 
     ``save(path)`` / ``RingModel.load(path)`` persist it as Spark ML does (see
     ``estimators._persistence``), inside a ``PipelineModel`` too.
+
+    .. warning::
+        ``RingModel.load`` (and ``PipelineModel.load`` of a pipeline holding one)
+        unpickles the module's structure with cloudpickle, which runs any code the
+        saved files hold. Load only models you trust, from a path that only you can
+        write, as for ``torch.load(weights_only=False)``.
     """
 
     def __init__(self, **kwargs: Any):

@@ -145,6 +145,12 @@ class RingModelReader(MLReader["RingModel"]):
         self.cls = cls
 
     def load(self, path: str) -> RingModel:
+        """The RingModel saved at ``path``.
+
+        This unpickles ``<path>/model/module.pkl`` (cloudpickle; a Keras model: its
+        ``.keras`` file), which runs any code the file holds: load only models you
+        trust, from a path only you can write (as ``torch.load(weights_only=False)``).
+        ``PipelineModel.load`` of a pipeline holding a RingModel calls this."""
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         version = metadata.get("ringtrain", {}).get("format")
         if version != FORMAT_VERSION:

@@ -10,7 +10,9 @@ Prepared data is reused: a second fit on the same DataFrame (same analyzed plan,
 ``df.semanticHash()`` and schema), columns, validation, seed and ``num_proc`` into the
 same store trains on the Parquet of the first, writing none. The cache lives in the
 driver process and trusts the plan: a file-based DataFrame whose files changed
-under the same path is not noticed. A failed preparation removes what it wrote.
+under the same path is not noticed. Each preparation claims its own data index in the
+store (:meth:`Store.next_data_index`), so concurrent fits on one store never share one;
+a failed preparation removes what it wrote there, and nothing of another fit's.
 """
 
 from __future__ import annotations
@@ -210,9 +212,7 @@ def prepare_data(df: DataFrame, cfg: FitConfig) -> PreparedData:
             _write(val_df, cfg.store.url(val_path), cfg.num_proc)
         data = describe_parquet(cfg, train_path, val_path)
     except BaseException:
-        for path in (train_path, val_path):
-            if path is not None:
-                cfg.store.rm(path)
+        cfg.store.release_data_index(idx)  # this fit's claimed index only, never another's
         raise
     log.info("wrote %d training and %d validation rows to %s", data.train_rows, data.val_rows, idx)
     _CACHE[key] = data

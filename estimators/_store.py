@@ -4,6 +4,7 @@ Layout under the prefix (as Horovod's)::
 
     <prefix>/intermediate_train_data.<i>/          Parquet, one file (one row group) per process
     <prefix>/intermediate_val_data.<i>/
+    <prefix>/.intermediate_data_claim.<i>          the marker by which one fit owns index <i>
     <prefix>/runs/<run_id>/checkpoint/checkpoint.pt  model + optimizer state, epoch, history
     <prefix>/runs/<run_id>/logs/history.json         the per-epoch metrics so far
 
@@ -31,28 +32,71 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import errno
 import glob
 import json
+import logging
 import os
 import posixpath
+import re
 import shutil
 import tempfile
+import threading
 import uuid
+import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 __all__ = ["DBFSLocalStore", "FsspecStore", "LocalStore", "Store"]
 
+log = logging.getLogger("ringtrain.estimators")
+
 TRAIN_DATA = "intermediate_train_data"
 VAL_DATA = "intermediate_val_data"
+DATA_CLAIM = ".intermediate_data_claim"  # hidden: not data itself
 CHECKPOINT_FILE = "checkpoint.pt"
+PREVIOUS_SUFFIX = ".prev"  # the checkpoint before the newest, kept for a crash
 HISTORY_FILE = "history.json"
 DBFS_ROOT_ENV_VAR = "RING_DBFS_ROOT"
 DEFAULT_DBFS_ROOT = "/dbfs"
 DATABRICKS_ENV_VAR = "DATABRICKS_RUNTIME_VERSION"
 # Spark (Hadoop) spells some fsspec schemes differently.
 _SPARK_SCHEMES = {"s3": "s3a", "gcs": "gs"}
+_CLAIM_LOCK = threading.Lock()
+_GLOB_MAGIC = re.compile(r"[*?[]")
+_RUN_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it names one folder under ``<store>/runs/``; else a ValueError saying
+    the allowed form (an absolute path or ``..`` would put the run outside the store)."""
+    if not isinstance(run_id, str) or not _RUN_ID.match(run_id):
+        raise ValueError(
+            f"run_id {run_id!r} is not a folder name under <store>/runs/: a run_id is 1-200 "
+            "letters, digits, '_', '-' and '.' (no '/', no '..', not starting with '.' or "
+            "'-'), e.g. 'run_2026-12-03.a'. Pick one with setRunId(...), or leave it unset "
+            "for a generated one."
+        )
+    return run_id
+
+
+def _keeps_previous(path: str) -> bool:
+    return posixpath.basename(path) == CHECKPOINT_FILE
+
+
+def _fsync_path(path: str, directory: bool = False) -> None:
+    """fsync ``path``; a filesystem that cannot fsync (a folder on some FUSE mounts) is
+    let be, any other failure (EIO: the data did not reach the disk) raises."""
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
 
 
 class Store(abc.ABC):
@@ -96,7 +140,7 @@ class Store(abc.ABC):
         return posixpath.join(self.prefix_path, "runs")
 
     def get_run_path(self, run_id: str) -> str:
-        return posixpath.join(self.get_runs_path(), run_id)
+        return posixpath.join(self.get_runs_path(), check_run_id(run_id))
 
     def get_checkpoints_path(self, run_id: str) -> str:
         return posixpath.join(self.get_run_path(run_id), "checkpoint")
@@ -115,20 +159,75 @@ class Store(abc.ABC):
         return posixpath.join(self.get_logs_path(run_id), HISTORY_FILE)
 
     def find_checkpoint(self, run_id: str) -> str | None:
-        """The run's checkpoint file (the current layout's, else the legacy one), if any."""
+        """The run's checkpoint file (the current layout's, else the legacy one), if any.
+
+        A checkpoint that is empty, truncated or fails its CRCs (what a host crash can
+        leave) is passed over, with a warning naming it, for the previous one kept beside
+        it (``checkpoint.pt.prev``, see :meth:`write_atomic`). When no whole one is left,
+        the newest damaged one is returned, so the caller's error names it."""
+        damaged = None
         for path in (self.get_checkpoint_path(run_id), self.get_legacy_checkpoint_path(run_id)):
-            if self.exists(path):
-                return path
-        return None
+            for candidate in (path, path + PREVIOUS_SUFFIX):
+                if not self.exists(candidate):
+                    continue
+                problem = self.checkpoint_problem(candidate)
+                if problem is None:
+                    return candidate
+                log.warning(
+                    "the checkpoint %s is damaged (%s; a crash while it was written?): "
+                    "trying the previous one",
+                    candidate,
+                    problem,
+                )
+                damaged = damaged or candidate
+        return damaged
+
+    def checkpoint_problem(self, path: str) -> str | None:
+        """Why the checkpoint file at ``path`` is not whole, or None. torch and Keras
+        checkpoints are zip archives: an empty file, a zip without its central directory
+        (truncated) or a member failing its CRC is damaged; another format, non-empty,
+        cannot be judged here and passes."""
+        try:
+            with self.open_read(path) as f:
+                head = f.read(4)
+                if not head:
+                    return "it is empty"
+                if head != b"PK\x03\x04":
+                    return None
+                f.seek(0)
+                with zipfile.ZipFile(f) as archive:
+                    bad = archive.testzip()
+        except zipfile.BadZipFile as exc:
+            return f"not a whole zip archive: {exc}"
+        except (OSError, EOFError, zlib.error) as exc:
+            return f"unreadable: {type(exc).__name__}: {exc}"
+        return f"its member {bad!r} fails its CRC" if bad is not None else None
+
+    def get_data_claim_path(self, idx: int) -> str:
+        """The marker a fit creates, exclusively, to own data index ``idx``."""
+        return posixpath.join(self.prefix_path, f"{DATA_CLAIM}.{idx}")
 
     def next_data_index(self) -> int:
-        """The first ``i`` with neither ``intermediate_train_data.<i>`` nor ``..val..`` present."""
-        idx = 0
-        while self.exists(self.get_train_data_path(idx)) or self.exists(
-            self.get_val_data_path(idx)
-        ):
-            idx += 1
-        return idx
+        """Claim the first ``i`` with neither ``intermediate_train_data.<i>`` nor ``..val..``
+        present, by creating its claim marker exclusively: two fits on one store (threads
+        of one driver, or two drivers) never get the same index, so neither writes into,
+        or cleans up, the other's data. Give it back with :meth:`release_data_index`."""
+        with _CLAIM_LOCK:  # one driver's fits (CrossValidator parallelism) take turns
+            idx = 0
+            while True:
+                taken = self.exists(self.get_train_data_path(idx)) or self.exists(
+                    self.get_val_data_path(idx)
+                )
+                if not taken and self._create_exclusive(self.get_data_claim_path(idx)):
+                    return idx
+                idx += 1
+
+    def release_data_index(self, idx: int) -> None:
+        """Remove what the fit that claimed ``idx`` wrote there (its training and validation
+        Parquet, then the claim): only that fit's own data, never another index."""
+        for path in (self.get_train_data_path(idx), self.get_val_data_path(idx)):
+            self.rm(path)
+        self.rm(self.get_data_claim_path(idx))
 
     # --- I/O, per filesystem -----------------------------------------------------------
 
@@ -150,7 +249,15 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def write_atomic(self, path: str, write: Callable[[BinaryIO], object]) -> None:
         """Call ``write(file)`` on a temporary file, then move it to ``path``, so a reader
-        sees the old file or the new one, never half of one."""
+        sees the old file or the new one, never half of one. On a local filesystem the
+        file is fsynced before the move and its folder after, so a host crash cannot
+        leave an empty ``path`` behind. A checkpoint (``checkpoint.pt``) keeps the one it
+        replaces as ``checkpoint.pt.prev``, which :meth:`find_checkpoint` falls back to."""
+
+    @abc.abstractmethod
+    def _create_exclusive(self, path: str) -> bool:
+        """Create an empty file at ``path`` unless something is there: True if this call
+        created it, False if it existed (the filesystem's exclusive create)."""
 
     @abc.abstractmethod
     def rm(self, path: str) -> None:
@@ -213,12 +320,18 @@ class LocalStore(Store):
         return open(path, "rb")
 
     def write_atomic(self, path: str, write: Callable[[BinaryIO], object]) -> None:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        folder = os.path.dirname(path)
+        os.makedirs(folder, exist_ok=True)
         tmp = _tmp_name(path)
         try:
             with open(tmp, "wb") as f:
                 write(f)
+                f.flush()
+                os.fsync(f.fileno())
+            if _keeps_previous(path) and os.path.exists(path):
+                os.replace(path, path + PREVIOUS_SUFFIX)
             os.replace(tmp, path)
+            _fsync_path(folder, directory=True)
         finally:
             if os.path.exists(tmp):
                 os.remove(tmp)
@@ -227,6 +340,14 @@ class LocalStore(Store):
         for stale in glob.glob(_TMP_GLOB.format(glob.escape(path))):
             with contextlib.suppress(OSError):
                 os.remove(stale)
+
+    def _create_exclusive(self, path: str) -> bool:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            return False
+        return True
 
     def rm(self, path: str) -> None:
         if os.path.isdir(path) and not os.path.islink(path):
@@ -274,6 +395,16 @@ class DBFSLocalStore(LocalStore):
         return "file://" + path
 
 
+def _move(fs: Any, src: str, dst: str) -> None:
+    """``fs.mv``, except that a name holding glob characters (``[``, ``*``, ``?``), which
+    ``mv`` would expand, is copied and removed as the one file it names."""
+    if _GLOB_MAGIC.search(src) or _GLOB_MAGIC.search(dst):
+        fs.cp_file(src, dst)
+        fs.rm_file(src)
+    else:
+        fs.mv(src, dst)
+
+
 @dataclass(frozen=True)
 class FsspecStore(Store):
     """A store on any fsspec filesystem, by URL (``s3://bucket/prefix``, ``memory://x``)."""
@@ -314,13 +445,32 @@ class FsspecStore(Store):
         try:
             with fs.open(tmp, "wb") as f:
                 write(f)
-            fs.mv(tmp, path)
+            if _keeps_previous(path) and fs.exists(path):
+                _move(fs, path, path + PREVIOUS_SUFFIX)
+            _move(fs, tmp, path)
         finally:
             if fs.exists(tmp):
-                fs.rm(tmp)
-        for stale in fs.glob(_TMP_GLOB.format(path)):  # as LocalStore.write_atomic
+                fs.rm_file(tmp)
+        # as LocalStore.write_atomic; escaped, so a path with [ ] * ? matches only its own
+        for stale in fs.glob(_TMP_GLOB.format(glob.escape(path))):
             with contextlib.suppress(OSError, FileNotFoundError):
-                fs.rm(stale)
+                fs.rm_file(stale)  # rm_file: takes the name as it is, no glob
+
+    def _create_exclusive(self, path: str) -> bool:
+        """Mode ``xb`` (a conditional put on object stores that support one), then a read
+        back of a token of ours, in case a filesystem checks-then-creates under ``xb``."""
+        fs, token = self.fs, uuid.uuid4().hex.encode()
+        fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        try:
+            with fs.open(path, "xb") as f:
+                f.write(token)
+        except FileExistsError:
+            return False
+        except (ValueError, NotImplementedError):  # no "xb" here: check, put, read back
+            if fs.exists(path):
+                return False
+            fs.pipe_file(path, token)
+        return bool(fs.cat_file(path) == token)
 
     def rm(self, path: str) -> None:
         if self.fs.exists(path):

@@ -9,6 +9,7 @@ the one with the highest index, which is what a restarted group resumes from.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -76,24 +77,49 @@ class CheckpointStore:
         return found[-1][1] if found else None
 
     def persist(self, checkpoint: Checkpoint) -> Checkpoint:
-        """Copy ``checkpoint`` in as the next index, then drop the oldest beyond ``num_to_keep``."""
+        """Copy ``checkpoint`` in as the next index, then drop the oldest beyond ``num_to_keep``.
+
+        The copy's files and folders are fsynced before the rename and the run folder
+        after it, so a host crash leaves the new checkpoint whole or absent (never empty
+        files under its final name) before ``_prune`` drops an older one; copies that a
+        killed process left (``.tmp_checkpoint_*``) are removed."""
         if not isinstance(checkpoint, Checkpoint):
             raise TypeError(
                 f"report(checkpoint=...) takes a ray_runner.Checkpoint, got {type(checkpoint).__name__}; "
                 "wrap a directory with Checkpoint.from_directory(path)"
             )
+
+        def fsync(path: str, directory: bool) -> None:
+            fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
+            try:
+                os.fsync(fd)
+            except OSError as exc:  # a folder some filesystems cannot fsync; EIO still raises
+                if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+                    raise
+            finally:
+                os.close(fd)
+
         os.makedirs(self.run_dir, exist_ok=True)
         found = self.indexed()
         index = found[-1][0] + 1 if found else 0
         name = f"{const.CHECKPOINT_DIR_PREFIX}{index:06d}"
         final = os.path.join(self.run_dir, name)
+        tmp_prefix = f".tmp_{const.CHECKPOINT_DIR_PREFIX}"
         tmp = os.path.join(self.run_dir, f".tmp_{name}_{uuid.uuid4().hex[:8]}")
         try:
             shutil.copytree(checkpoint.path, tmp)
+            for folder, _, files in os.walk(tmp, topdown=False):
+                for file in files:
+                    fsync(os.path.join(folder, file), directory=False)
+                fsync(folder, directory=True)
             os.rename(tmp, final)
+            fsync(self.run_dir, directory=True)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        for entry in os.listdir(self.run_dir):  # a copy a killed process left behind
+            if entry.startswith(tmp_prefix):
+                shutil.rmtree(os.path.join(self.run_dir, entry), ignore_errors=True)
         self._prune()
         return Checkpoint(final)
 

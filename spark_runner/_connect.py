@@ -13,8 +13,8 @@ What differs from the classic path: the slot check reads ``spark.master`` and
 cluster's default parallelism); cancellation is by an operation tag
 (``spark.addTag`` / ``spark.interruptTag``) instead of a job group; the log server
 listens on the client's address on the route to the Connect server. Stage retries: when
-``spark.conf`` allows them (``local[N,F]`` with F > 1, or ``spark.task.maxFailures`` > 1)
-the results go through a ``repartition(1)``, so the barrier stage is a shuffle map stage,
+Spark retries failed tasks (``_slots.task_max_failures``: ``local[N,F]`` with F > 1, or on
+a cluster manager ``spark.task.maxFailures`` > 1, default 4) the results go through a ``repartition(1)``, so the barrier stage is a shuffle map stage,
 which Spark reruns as a whole (a failed barrier result stage is aborted); with no status
 tracker on the client, :class:`AttemptCounter` numbers the attempts from the log
 connections the tasks open (``RING_SPARK_ATTEMPT``).
@@ -212,7 +212,7 @@ def run_stage(spark: Any, payload: bytes, spec: TaskSpec) -> list[bytes]:
             spark.interruptTag(tag)  # no task, and no Python worker, outlives the call
         if not isinstance(exc, Exception):
             raise
-        worker_error = decode_worker_error(str(exc))
+        worker_error = decode_worker_error(str(exc), spec.secret)
         if worker_error is not None:
             raise worker_error from None
         raise RingError(

@@ -114,7 +114,7 @@ def make_elastic_task(payload: bytes, spec: ElasticTaskSpec):
                     time.sleep(SECONDARY_FAILURE_DELAY_S)  # let the root cause arrive first
                 rank = int(os.environ.get(cfg.RANK_ENV_VAR, "0"))
                 err = WorkerError.from_exception(rank, conn.local_address, exc)
-                raise RuntimeError(encode_worker_error(err)) from None
+                raise RuntimeError(encode_worker_error(err, spec.secret)) from None
             blob = cloudpickle.dumps((worker_id, result))
             conn.done()
         yield blob

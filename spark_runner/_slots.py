@@ -12,22 +12,36 @@ from ringcore import RingError
 
 log = logging.getLogger("ringtrain.spark_runner")
 
-_LOCAL_WITH_RETRIES = re.compile(r"^local\[[^,\]]+,\s*(\d+)\]$")
+# Spark's own master patterns (SparkMasterRegex): "local", "local[N]" / "local[*]", and
+# "local[N,F]"; every other master (local-cluster, spark://, yarn, k8s://, mesos://) runs
+# a cluster scheduler.
+_LOCAL = re.compile(r"^local(?:\[\s*(?:[0-9]+|\*)\s*(?:,\s*([0-9]+)\s*)?\])?$")
+#: ``spark.task.maxFailures`` when unset on a cluster scheduler (Spark's default)
+DEFAULT_CLUSTER_MAX_FAILURES = 4
 
 
 class NotEnoughSlotsError(RingError, ValueError):
     pass
 
 
-def retries_configured(master: str, max_failures: str | None) -> bool:
-    """Whether the user asked Spark to retry failed tasks: ``local[N,F]`` with F > 1, or
-    ``spark.task.maxFailures`` (``max_failures``, None when unset) > 1 set explicitly.
-    Spark retries a barrier stage only when it is not the job's final stage, so then the
-    results go through a shuffle."""
-    match = _LOCAL_WITH_RETRIES.match(master)
+def task_max_failures(master: str, max_failures: str | None) -> int:
+    """How many times Spark tries a task before failing its job, as Spark decides it:
+    ``local`` and ``local[N]`` try once whatever ``spark.task.maxFailures`` says,
+    ``local[N,F]`` F times; on any other master it is ``spark.task.maxFailures``
+    (``max_failures``, None when unset), default 4."""
+    match = _LOCAL.match(master.strip())
     if match:
-        return int(match.group(1)) > 1
-    return int(max_failures or "1") > 1
+        return int(match.group(1) or "1")
+    if max_failures is None or not str(max_failures).strip():
+        return DEFAULT_CLUSTER_MAX_FAILURES
+    return int(max_failures)
+
+
+def retries_configured(master: str, max_failures: str | None) -> bool:
+    """Whether Spark retries failed tasks here (:func:`task_max_failures` > 1): on a
+    cluster manager it does by default. Spark retries a barrier stage only when it is
+    not the job's final stage, so then the results go through a shuffle."""
+    return task_max_failures(master, max_failures) > 1
 
 
 def _conf(sc: Any, key: str, default: str) -> str:

@@ -352,9 +352,9 @@ def test_a_worker_killed_at_epoch_2_resumes_at_epoch_3_on_spark_retry_with_optim
         strict=True,
     ):
         assert torch.allclose(a, b, atol=1e-5), name
-    # no half-written checkpoint is left next to the real one
+    # no half-written checkpoint is left next to the real one and the one before it
     run_dir = store.get_checkpoints_path("killed")
-    assert sorted(os.listdir(run_dir)) == ["checkpoint.pt"]
+    assert sorted(os.listdir(run_dir)) == ["checkpoint.pt", "checkpoint.pt.prev"]
     record(
         request,
         note="retry resumed at epoch 3 from the epoch-2 checkpoint; weights as uninterrupted",

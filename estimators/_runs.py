@@ -1,0 +1,131 @@
+"""One run, one recipe: a fit resumes a run's checkpoint only if that fit wrote it.
+
+A ``run_id`` with a checkpoint resumes it. Spark ML copies params, so under
+``CrossValidator`` / ``TrainValidationSplit`` a ``run_id`` the user set reaches every
+grid point and every fold: without a check, each fit after the first would resume the
+previous one's finished checkpoint and train nothing. So a fit records, beside its
+checkpoint, a fingerprint of what it trains (``<store>/runs/<run_id>/fingerprint.json``):
+the params that change what is learned (not ``epochs``: training a run further is a
+resume) and the DataFrame's plan. A later fit whose fingerprint differs does not
+resume that checkpoint: it runs as ``<run_id>.<fingerprint>`` (resuming that one if it
+is its own), with a warning naming what differs. A run without a fingerprint (written
+before this check) is resumed as before. The model's architecture is not part of it:
+``_checks`` refuses a checkpoint of another shape outright.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from typing import Any
+
+from ._store import Store
+
+log = logging.getLogger("ringtrain.estimators")
+
+__all__ = ["record_run", "run_params", "run_to_use"]
+
+FINGERPRINT_FILE = "fingerprint.json"
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _describe(value: Any) -> Any:
+    """A stable, JSON-able description: functions by name, objects by class and repr
+    (without memory addresses), optimizers by class and hyper-parameters."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_describe(v) for v in value]
+    groups = getattr(value, "param_groups", None)
+    if isinstance(groups, list):  # a torch optimizer: its hyper-parameters, not its tensors
+        return {
+            "class": type(value).__qualname__,
+            "groups": [{k: repr(v) for k, v in sorted(g.items()) if k != "params"} for g in groups],
+        }
+    name = getattr(value, "__qualname__", None)
+    if callable(value) and name is not None:
+        return f"{getattr(value, '__module__', '')}.{name}"
+    return f"{type(value).__qualname__}:{_ADDRESS.sub('', repr(value))}"
+
+
+def run_params(cfg: Any, df: Any = None) -> dict[str, Any]:
+    """What a fit of ``cfg`` on ``df`` (None: Parquet already in the store) trains."""
+    params = {
+        name: _describe(getattr(cfg, name))
+        for name in (
+            "framework",
+            "optimizer",
+            "loss",
+            "metrics",
+            "feature_cols",
+            "label_cols",
+            "validation",
+            "sample_weight_col",
+            "transformation_fn",
+            "batch_size",
+            "shuffle",
+            "split_seed",
+            "train_steps_per_epoch",
+            "backward_passes_per_step",
+        )
+    }
+    if df is not None:
+        params["data"] = (
+            f"{df.semanticHash()}:{hashlib.sha256(df.schema.json().encode()).hexdigest()[:16]}"
+        )
+    return params
+
+
+def _fingerprint(params: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()
+
+
+def _path(store: Store, run_id: str) -> str:
+    return f"{store.get_run_path(run_id)}/{FINGERPRINT_FILE}"
+
+
+def _recorded(store: Store, run_id: str) -> dict[str, Any] | None:
+    path = _path(store, run_id)
+    if not store.exists(path):
+        return None
+    try:
+        value = store.read_json(path)
+    except (OSError, ValueError):
+        return None
+    return value.get("params") if isinstance(value, dict) else None
+
+
+def _difference(old: dict[str, Any], new: dict[str, Any]) -> str:
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+    return ", ".join(f"{k}: {old.get(k)!r} then, {new.get(k)!r} now" for k in keys[:4])
+
+
+def run_to_use(store: Store, run_id: str, params: dict[str, Any]) -> str:
+    """``run_id``, or ``<run_id>.<fingerprint>`` when ``run_id`` holds the checkpoint of a
+    fit with other params (or data)."""
+    if store.find_checkpoint(run_id) is None:
+        return run_id
+    old = _recorded(store, run_id)
+    if old is None or _fingerprint(old) == _fingerprint(params):
+        return run_id
+    own = f"{run_id}.{_fingerprint(params)[:12]}"
+    log.warning(
+        "run_id %r holds the checkpoint of a fit with other params (%s), so this fit does "
+        "not resume it and runs as %r instead. Under CrossValidator or TrainValidationSplit "
+        "leave run_id unset, so that every fit gets its own run.",
+        run_id,
+        _difference(old, params),
+        own,
+    )
+    return own
+
+
+def record_run(store: Store, run_id: str, params: dict[str, Any]) -> None:
+    """Write the run's fingerprint (before its workers write a checkpoint)."""
+    old = _recorded(store, run_id)
+    if old is None or _fingerprint(old) != _fingerprint(params):
+        store.write_json(
+            _path(store, run_id), {"fingerprint": _fingerprint(params), "params": params}
+        )
