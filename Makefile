@@ -11,7 +11,7 @@ CUR_STAMP := $(CUR_VENV)/.installed
 EXTRAS := spark,petastorm,ray,tensorflow,lightning,mlflow,mpi,notebooks,dev
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test test-current bench lint install clean reliability conformance
+.PHONY: demo test test-current bench lint install clean reliability conformance cluster-up cluster-down
 
 install: $(STAMP)
 
@@ -81,3 +81,11 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(CUR_VENV) build *.egg-info
+
+# Hosts made of network namespaces on a bridge (198.18.0.0/24), to try a job across
+# hosts by hand (root and `ip netns`); see docs/cluster.md and tools/cluster.py.
+cluster-up:
+	$(PY) tools/cluster.py up $(CLUSTER_ARGS)
+
+cluster-down:
+	$(PY) tools/cluster.py down

@@ -15,6 +15,9 @@ LOCAL_SIZE_ENV_VAR = "RING_LOCAL_SIZE"
 CROSS_RANK_ENV_VAR = "RING_CROSS_RANK"
 CROSS_SIZE_ENV_VAR = "RING_CROSS_SIZE"
 HOSTNAME_ENV_VAR = "RING_HOSTNAME"
+# The data-plane interface(s) (comma-separated); unset: the one on the route to the store.
+IFACE_ENV_VAR = "RING_IFACE"
+HOROVOD_GLOO_IFACE_ENV_VAR = "HOROVOD_GLOO_IFACE"  # Horovod's name for the same knob
 # Rendezvous: where the key-value store of this job listens.
 STORE_ADDR_ENV_VAR = "RING_STORE_ADDR"
 STORE_PORT_ENV_VAR = "RING_STORE_PORT"

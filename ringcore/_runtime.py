@@ -8,6 +8,7 @@ the job's store and the backend's process group. The backend is Gloo through
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import os
@@ -53,6 +54,7 @@ _lock = threading.RLock()
 _state: _State | None = None
 _generation = 0
 _timeline = Timeline()
+_atexit_registered = False
 
 
 def _is_loopback(addr: str) -> bool:
@@ -155,10 +157,18 @@ def _apply_log_level() -> None:
 
 
 def _init_locked(process_sets: Any) -> None:
-    global _state, _generation
+    global _state, _generation, _atexit_registered
     if _state is not None:
         return
     import torch.distributed as dist
+
+    if not _atexit_registered:
+        # Registered after torch's import, so it runs before torch's own exit handlers:
+        # a script that never calls shutdown() still leaves the ring in order, and the
+        # process group's threads are stopped before the interpreter tears down C++ state
+        # (otherwise: "terminate called without an active exception", SIGABRT).
+        atexit.register(_shutdown_at_exit)
+        _atexit_registered = True
 
     _apply_log_level()
 
@@ -213,8 +223,12 @@ def _init_locked(process_sets: Any) -> None:
             _state = None
             raise
         return
-    if _is_loopback(rdv.store_addr):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    from . import _iface
+
+    # A store *named* by a hostname that resolves to loopback here only (rank 0's own
+    # name in /etc/hosts) must not put a multi-host ring on lo; a literal 127.x is local.
+    spans_hosts = topo.local_size < topo.size and not _is_loopback(rdv.store_addr)
+    iface = _iface.apply(rdv.store_addr, rdv.store_port, spans_hosts)
     store = _open_store(rdv, start_timeout)
     _generation += 1
     prefix = os.environ.get(cfg.STORE_PREFIX_ENV_VAR) or f"ringcore/{_generation}"
@@ -230,7 +244,10 @@ def _init_locked(process_sets: Any) -> None:
     except Exception as exc:
         raise RendezvousError(
             f"rank {topo.rank} of {topo.size} could not form the {backend} ring through "
-            f"{rdv.store_addr}:{rdv.store_port} ({type(exc).__name__}: {exc})."
+            f"{rdv.store_addr}:{rdv.store_port} ({type(exc).__name__}: {exc}). This rank's "
+            f"data plane is on interface {iface.name or 'chosen by Gloo'} ({iface.reason}): "
+            f"if peers cannot reach it, set {cfg.IFACE_ENV_VAR} to the interface that "
+            "reaches the other hosts, and let TCP between the hosts through (docs/cluster.md)."
         ) from exc
     _state = _State(topo, rdv, store, owns_process_group=True)
     try:
@@ -243,17 +260,35 @@ def _init_locked(process_sets: Any) -> None:
 
 
 def _advertised_address(rdv: Rendezvous) -> str:
+    """Where rank 0's coordinator is reached: an address on the route, never merely what
+    the hostname resolves to (often 127.0.1.1 on a real cluster)."""
     import socket
 
+    from . import _iface
+
     host = os.environ.get(cfg.HOSTNAME_ENV_VAR)
-    if host:
-        return host
     if rdv.source.startswith("mpi"):
         single_host = rdv.topology.local_size == rdv.topology.size
+        if host:
+            return host
         return "127.0.0.1" if single_host else socket.gethostbyname(socket.gethostname())
     if rdv.store_addr and (rdv.is_store_host or _is_loopback(rdv.store_addr)):
         return rdv.store_addr
-    return socket.gethostbyname(socket.gethostname())
+    if host and not _resolves_to_loopback(host):
+        return host
+    route = _iface.route_address(rdv.store_addr, rdv.store_port) if rdv.store_addr else None
+    return route or host or socket.gethostbyname(socket.gethostname())
+
+
+def _resolves_to_loopback(host: str) -> bool:
+    import socket
+
+    if _is_loopback(host):
+        return True
+    try:
+        return _is_loopback(socket.gethostbyname(host))
+    except OSError:
+        return False
 
 
 def _torch_backend() -> Any:
@@ -339,7 +374,8 @@ def _start_engine(state: _State, process_sets: Any, backend: Any) -> None:
         cfg.DYNAMIC_PROCESS_SETS_ENV_VAR
     )
     path = cfg.get_env(cfg.TIMELINE_ENV_VAR)
-    if path and topo.rank == 0 and not _timeline.active:
+    # "DYNAMIC" (Horovod's spelling): no file at start-up, start_timeline() later
+    if path and path.upper() != "DYNAMIC" and topo.rank == 0 and not _timeline.active:
         _timeline.start(path, mark_cycles=cfg.get_bool(cfg.TIMELINE_MARK_CYCLES_ENV_VAR))
     if isinstance(process_sets, list | tuple):
         from ._process_sets import register_process_set
@@ -349,6 +385,8 @@ def _start_engine(state: _State, process_sets: Any, backend: Any) -> None:
 
 
 def _teardown(state: _State) -> None:
+    from . import _iface
+
     if state.engine is not None:
         state.engine.close()
     if state.coordinator is not None:
@@ -362,6 +400,7 @@ def _teardown(state: _State) -> None:
                 dist.destroy_process_group()
             except Exception as exc:  # a dead peer must not make shutdown fail
                 log.debug("destroy_process_group failed: %s", exc)
+        _iface.restore()
 
 
 def shutdown() -> None:
@@ -372,6 +411,13 @@ def shutdown() -> None:
             return
         state, _state = _state, None
         _teardown(state)
+
+
+def _shutdown_at_exit() -> None:
+    try:
+        shutdown()
+    except Exception as exc:  # the process is exiting: say why, never raise
+        log.warning("shutdown at interpreter exit failed: %s: %s", type(exc).__name__, exc)
 
 
 def engine() -> Any:

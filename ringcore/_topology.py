@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Topology", "topology_from_hosts"]
+__all__ = ["Topology", "host_major_order", "topology_from_hosts"]
 
 
 @dataclass(frozen=True)
@@ -70,3 +70,15 @@ def topology_from_hosts(hosts: list[str] | tuple[str, ...], rank: int) -> Topolo
         cross_size=len(cross_hosts),
         hosts=hosts,
     )
+
+
+def host_major_order(hosts: list[str] | tuple[str, ...]) -> list[int]:
+    """The slots (indexes into ``hosts``) in rank order: the slots of one host
+    consecutive, hosts in order of first appearance, slots of a host in index order.
+
+    A launcher whose slots come interleaved across hosts (a Spark barrier stage, Ray
+    actors) gives rank ``r`` to slot ``host_major_order(hosts)[r]``; then
+    ``topology_from_hosts`` yields Horovod's local and cross ranks.
+    """
+    first = {h: i for i, h in reversed(list(enumerate(hosts)))}
+    return sorted(range(len(hosts)), key=lambda i: (first[hosts[i]], i))

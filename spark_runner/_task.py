@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import time
@@ -23,6 +22,7 @@ from ringcore import (
 )
 from ringcore._config import HOSTNAME_ENV_VAR
 from ringcore._rendezvous import stop_store_server
+from ringcore._topology import host_major_order
 
 from ._errors import encode_worker_error
 from ._output import connect, stream_pair
@@ -67,13 +67,26 @@ def gpu_env(ctx: Any, use_gpu: bool | None, local_rank: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": addresses, GPU_ADDRESSES_ENV_VAR: addresses}
 
 
-def _ring_env(ctx: Any, spec: TaskSpec, rank: int, host: str, attempt: int) -> dict[str, str]:
+def _host_major_rank(ctx: Any, spec: TaskSpec, slot: int, host: str) -> tuple[int, list[str]]:
+    """This task's rank and every slot's address. Ranks are host-major: the tasks of one
+    host get consecutive ranks, whatever order Spark gave the partitions."""
+    hosts = [str(h) for h in ctx.allGather(host)]
+    return host_major_order(list(spec.topology_hosts or hosts)).index(slot), hosts
+
+
+def _ring_env(
+    ctx: Any, spec: TaskSpec, rank: int, hosts: list[str], attempt: int
+) -> dict[str, str]:
+    placed = list(spec.topology_hosts or hosts)
+    order = host_major_order(placed)  # order[rank] = the slot (partition) of that rank
     port = start_store_server(world_size=spec.num_proc) if rank == 0 else 0
-    peers = [json.loads(m) for m in ctx.allGather(json.dumps({"host": host, "port": port}))]
-    hosts = [p["host"] for p in peers]
-    topology = topology_from_hosts(list(spec.topology_hosts or hosts), rank)
-    env = worker_env(topology, hosts[0], int(peers[0]["port"]), secret=spec.ring_secret or None)
-    env[HOSTNAME_ENV_VAR] = host  # the address peers reach, whatever the topology says
+    ports = [int(p) for p in ctx.allGather(str(port))]
+    topology = topology_from_hosts([placed[s] for s in order], rank)
+    store = order[0]
+    env = worker_env(topology, hosts[store], ports[store], secret=spec.ring_secret or None)
+    env[HOSTNAME_ENV_VAR] = hosts[
+        order[rank]
+    ]  # the address peers reach, whatever the topology says
     env[ATTEMPT_ENV_VAR] = str(attempt)
     env.update(gpu_env(ctx, spec.use_gpu, topology.local_rank))
     env.update(spec.env)
@@ -81,14 +94,14 @@ def _ring_env(ctx: Any, spec: TaskSpec, rank: int, host: str, attempt: int) -> d
 
 
 @contextlib.contextmanager
-def _task_environment(ctx: Any, spec: TaskSpec, rank: int, host: str):
+def _task_environment(ctx: Any, spec: TaskSpec, rank: int, hosts: list[str]):
     saved_env = dict(os.environ)
     saved_out, saved_err = sys.stdout, sys.stderr
     conn = connect(spec.log_host, spec.log_port, spec.secret, ctx.stageId())
     attempt = conn.stage_attempt if conn is not None else ctx.attemptNumber()
     out, err = stream_pair(conn, rank, spec.timestamps)
     try:
-        os.environ.update(_ring_env(ctx, spec, rank, host, attempt))
+        os.environ.update(_ring_env(ctx, spec, rank, hosts, attempt))
         sys.stdout, sys.stderr = out, err
         yield
     finally:
@@ -110,9 +123,10 @@ def make_barrier_task(payload: bytes, spec: TaskSpec):
         from pyspark import BarrierTaskContext
 
         ctx = BarrierTaskContext.get()
-        rank = ctx.partitionId()
-        host = ctx.getTaskInfos()[rank].address.rsplit(":", 1)[0]
-        with _task_environment(ctx, spec, rank, host):
+        slot = ctx.partitionId()
+        host = ctx.getTaskInfos()[slot].address.rsplit(":", 1)[0]
+        rank, hosts = _host_major_rank(ctx, spec, slot, host)
+        with _task_environment(ctx, spec, rank, hosts):
             try:
                 fn, args, kwargs = cloudpickle.loads(payload)
                 result = fn(*args, **kwargs)
@@ -122,7 +136,7 @@ def make_barrier_task(payload: bytes, spec: TaskSpec):
                     # root cause fail the stage first, so it is the one the driver reports.
                     time.sleep(SECONDARY_FAILURE_DELAY_S)
                 err = WorkerError.from_exception(rank, host, exc)
-                raise RuntimeError(encode_worker_error(err)) from None
+                raise RuntimeError(encode_worker_error(err, spec.secret)) from None
         yield cloudpickle.dumps((rank, result))
 
     return task

@@ -1,0 +1,344 @@
+"""Rings across hosts: network namespaces on one bridge (see ``tests/_netns.py``).
+
+Each host's hostname resolves to 127.0.0.1 — as on many real clusters — and nothing
+sets ``GLOO_SOCKET_IFNAME``: ringcore must bind the data plane to the interface on the
+route to the store, and the runners must number the ranks host by host. Skipped where
+root or ``ip netns`` is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+from _netns import Cluster, kill_tree, unavailable
+
+from ringcore import topology_from_hosts, worker_env
+
+_WHY = unavailable()
+pytestmark = [
+    pytest.mark.skipif(_WHY is not None, reason=_WHY or ""),
+    pytest.mark.timeout(180),
+]
+
+_IFACE_VARS = ("RING_IFACE", "HOROVOD_GLOO_IFACE", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+_COLLECTIVES = """
+import json, socket
+import torch
+import ringcore.torch as hvd
+
+hvd.init()
+total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+gathered = hvd.allgather(torch.tensor([hvd.rank()]))
+print(json.dumps({
+    "rank": hvd.rank(), "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
+    "cross_rank": hvd.cross_rank(), "cross_size": hvd.cross_size(),
+    "sum": total.item(), "gathered": gathered.tolist(), "hostname": socket.gethostname(),
+    "gloo_iface": __import__("os").environ.get("GLOO_SOCKET_IFNAME"),
+}), flush=True)
+hvd.shutdown()
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    made = Cluster(2).up()
+    try:
+        yield made
+    finally:
+        made.down()
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RING_", "HOROVOD_"))}
+    for var in _IFACE_VARS:
+        env.pop(var, None)
+    env["PYTHONPATH"] = os.getcwd()
+    return env
+
+
+def _run_ranks(
+    cluster: Cluster, per_host: int, extra: dict[str, str], store: str = ""
+) -> list[tuple[int, str, str]]:
+    """One plain subprocess per rank, ``per_host`` on each host, rank 0's host the store."""
+    slots = [h for h in cluster.hosts for _ in range(per_host)]
+    port = random.randint(20000, 40000)
+    procs = []
+    try:
+        for rank, host in enumerate(slots):
+            topo = topology_from_hosts([h.addr for h in slots], rank)
+            store_addr = store or slots[0].addr
+            env = {**_clean_env(), **worker_env(topo, store_addr, port), **extra}
+            env.pop("RING_HOSTNAME", None)  # ringcore must find the address itself
+            env["RING_START_TIMEOUT"] = "40"
+            procs.append(
+                subprocess.Popen(
+                    host.wrap([sys.executable, "-c", _COLLECTIVES]),
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
+        outputs = [p.communicate(timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            kill_tree(p)
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs)]
+
+
+def _results(runs: list[tuple[int, str, str]]) -> list[dict]:
+    failed = [(rank, rc, err[-3000:]) for rank, (rc, _, err) in enumerate(runs) if rc]
+    assert not failed, failed
+    return [json.loads(out.strip().splitlines()[-1]) for _, out, _ in runs]
+
+
+def test_collectives_across_two_hosts_need_no_gloo_socket_ifname(cluster):
+    started = time.monotonic()
+    results = _results(_run_ranks(cluster, per_host=2, extra={}))
+    assert [r["rank"] for r in results] == [0, 1, 2, 3]
+    assert all(r["sum"] == 10.0 for r in results)
+    assert all(r["gathered"] == [0, 1, 2, 3] for r in results)
+    # host-major: ranks of one host consecutive, Horovod's local and cross ranks
+    for r in results:
+        assert (r["local_size"], r["cross_size"]) == (2, 2)
+        assert r["cross_rank"] == r["rank"] // r["local_size"]
+        assert r["local_rank"] == r["rank"] % r["local_size"]
+        assert r["gloo_iface"] == "eth0"  # the interface on the route to the store
+    assert results[0]["hostname"] != results[2]["hostname"]
+    assert time.monotonic() - started < 90
+
+
+def test_a_store_named_by_a_hostname_that_is_loopback_on_its_own_host_still_works(cluster):
+    """RING_STORE_ADDR = rank 0's hostname: 127.0.0.1 on its own host, its address on
+    the other (as /etc/hosts and DNS often say). Rank 0's ring must not go onto lo."""
+    runs = _run_ranks(cluster, per_host=1, extra={}, store=cluster.hosts[0].hostname)
+    results = _results(runs)
+    assert [r["sum"] for r in results] == [3.0, 3.0]
+    assert [r["gloo_iface"] for r in results] == ["eth0", "eth0"]
+
+
+def test_a_wrong_interface_fails_on_every_rank_naming_the_store(cluster):
+    """``RING_IFACE=lo`` on hosts that must talk over eth0: Gloo advertises 127.0.0.1,
+    and every rank's error says which ring it could not form, through which store."""
+    store = cluster.hosts[0].addr
+    extra = {"RING_IFACE": "lo", "RING_GLOO_TIMEOUT_SECONDS": "5"}
+    runs = _run_ranks(cluster, per_host=1, extra=extra)
+    for rc, _, err in runs:
+        assert rc != 0
+        assert "could not form the gloo ring through " + store in err, err[-2000:]
+    assert any("127.0.0.1" in err for _, _, err in runs)  # the address Gloo advertised
+
+
+def _ring_with_placement():
+    import socket
+
+    import torch
+    from pyspark import BarrierTaskContext
+
+    import ringcore.torch as hvd
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
+    return {
+        "rank": hvd.rank(),
+        "local_rank": hvd.local_rank(),
+        "local_size": hvd.local_size(),
+        "cross_rank": hvd.cross_rank(),
+        "cross_size": hvd.cross_size(),
+        "sum": total,
+        "partition": BarrierTaskContext.get().partitionId(),
+        "hostname": socket.gethostname(),
+        "gloo_iface": os.environ.get("GLOO_SOCKET_IFNAME"),
+    }
+
+
+@pytest.fixture(scope="module")
+def spark_on_two_hosts(cluster, tmp_path_factory):
+    """A standalone master on the bridge, one 2-core worker on each namespace host."""
+    import pyspark
+
+    import spark_runner
+
+    home = os.path.dirname(pyspark.__file__)
+    work = tmp_path_factory.mktemp("spark-multihost")
+    spark_class = os.path.join(home, "bin", "spark-class")
+    port = random.randint(40001, 50000)
+    master_url = f"spark://{cluster.bridge_addr}:{port}"
+    procs: list[subprocess.Popen] = []
+
+    def start(args: list[str], local_ip: str, log: str, host=None) -> subprocess.Popen:
+        env = {**_clean_env(), "SPARK_HOME": home, "SPARK_LOCAL_IP": local_ip}
+        env["PYSPARK_PYTHON"] = sys.executable
+        cmd = [spark_class, *args]
+        with open(work / log, "wb") as out:
+            proc = subprocess.Popen(
+                host.wrap(cmd) if host else cmd,
+                env=env,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+            )
+        procs.append(proc)
+        return proc
+
+    def logs() -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in work.glob("*.log"))
+
+    try:
+        start(
+            ["org.apache.spark.deploy.master.Master", "--host", cluster.bridge_addr,
+             "--port", str(port), "--webui-port", "0"],
+            cluster.bridge_addr, "master.log",
+        )  # fmt: skip
+        for i, host in enumerate(cluster.hosts):
+            start(
+                ["org.apache.spark.deploy.worker.Worker", master_url, "--host", host.addr,
+                 "--cores", "2", "--memory", "1g", "--webui-port", "0",
+                 "--work-dir", str(work / f"worker{i}")],
+                host.addr, f"worker{i}.log", host,
+            )  # fmt: skip
+        session = spark_runner.local_session(
+            master_url,
+            app_name="test_multihost",
+            conf={
+                "spark.executor.cores": "2",
+                "spark.executor.memory": "512m",
+                "spark.driver.host": cluster.bridge_addr,
+                "spark.driver.bindAddress": cluster.bridge_addr,
+            },
+        )
+        try:
+            yield session, logs
+        finally:
+            session.stop()
+    finally:
+        for proc in reversed(procs):
+            kill_tree(proc)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_run_across_two_hosts_numbers_ranks_host_by_host(cluster, spark_on_two_hosts):
+    import io
+
+    import spark_runner
+
+    _, logs = spark_on_two_hosts
+    started = time.monotonic()
+    try:
+        results = spark_runner.run(
+            _ring_with_placement, num_proc=4, start_timeout=90, stdout=io.StringIO()
+        )
+    except Exception as exc:
+        raise AssertionError(f"{exc}\n{logs()}") from exc
+    # (rank, Spark partition, host): what the barrier stage placed where (-s shows it)
+    print([(r["rank"], r["partition"], r["hostname"]) for r in results])
+    assert [r["rank"] for r in results] == [0, 1, 2, 3]
+    assert all(r["sum"] == 10.0 for r in results)
+    hostnames = [r["hostname"] for r in results]
+    assert hostnames[0] == hostnames[1] != hostnames[2] == hostnames[3]
+    for r in results:
+        assert (r["local_size"], r["cross_size"]) == (2, 2)
+        assert r["cross_rank"] == r["rank"] // r["local_size"]
+        assert r["local_rank"] == r["rank"] % r["local_size"]
+        assert r["gloo_iface"] == "eth0"
+    assert time.monotonic() - started < 90
+
+
+_RAY_DRIVER = """
+import json, os, sys, time
+import ray
+from ray_runner import RayExecutor
+
+ray.init(address=sys.argv[1], _node_ip_address=sys.argv[2])  # not the hostname's 127.0.0.1
+deadline = time.monotonic() + 60
+while sum(n["Alive"] for n in ray.nodes()) < 2:
+    assert time.monotonic() < deadline, ray.nodes()
+    time.sleep(0.5)
+
+def where():
+    import os, torch
+    import ringcore.torch as hvd
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
+    return {"rank": hvd.rank(), "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
+            "cross_rank": hvd.cross_rank(), "cross_size": hvd.cross_size(), "sum": total,
+            "ip": ray.util.get_node_ip_address(),
+            "gloo_iface": os.environ.get("GLOO_SOCKET_IFNAME")}
+
+executor = RayExecutor(num_workers=4, cpus_per_worker=1)
+executor.start()
+try:
+    print(json.dumps(executor.run(where)), flush=True)
+finally:
+    executor.shutdown()
+"""
+
+
+def _wait_for(addr: str, port: int, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        with socket.socket() as sock:
+            if sock.connect_ex((addr, port)) == 0:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"nothing listens on {addr}:{port} after {timeout_s} s (exit {proc.poll()})")
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_executor_across_two_hosts_numbers_ranks_host_by_host(cluster, tmp_path):
+    pytest.importorskip("ray")
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    head, other = cluster.hosts
+    gcs = f"{head.addr}:{random.randint(50001, 60000)}"
+    env = {**_clean_env(), "GRPC_ENABLE_FORK_SUPPORT": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    common = ["--block", "--num-cpus=2", "--disable-usage-stats"]
+    procs = []
+    temp_dir = tempfile.mkdtemp(prefix="rtray")  # short: Ray's unix sockets live there
+    try:
+        for host, args in (
+            (head, ["--head", f"--port={gcs.split(':')[1]}", "--include-dashboard=false",
+                    f"--temp-dir={temp_dir}"]),
+            (other, [f"--address={gcs}"]),
+        ):  # fmt: skip
+            with open(tmp_path / f"{host.ns}.log", "wb") as out:
+                procs.append(
+                    subprocess.Popen(
+                        host.wrap([ray_bin, "start", f"--node-ip-address={host.addr}", *common, *args]),
+                        env=env, stdout=out, stderr=out, start_new_session=True,
+                    )
+                )  # fmt: skip
+            if host is head:
+                _wait_for(head.addr, int(gcs.split(":")[1]), procs[0], 60)
+        driver = subprocess.run(
+            head.wrap([sys.executable, "-c", _RAY_DRIVER, gcs, head.addr]),
+            env=env, capture_output=True, text=True, timeout=150,
+        )  # fmt: skip
+    finally:
+        for proc in reversed(procs):
+            kill_tree(proc)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    logs = "\n".join(p.read_text()[-1500:] for p in tmp_path.glob("*.log"))
+    assert driver.returncode == 0, driver.stderr[-4000:] + logs
+    results = json.loads(driver.stdout.strip().splitlines()[-1])
+    assert [r["rank"] for r in results] == [0, 1, 2, 3]
+    assert all(r["sum"] == 10.0 for r in results)
+    ips = [r["ip"] for r in results]
+    assert ips[0] == ips[1] != ips[2] == ips[3]
+    assert set(ips) == {head.addr, other.addr}
+    for r in results:
+        assert (r["local_size"], r["cross_size"]) == (2, 2)
+        assert r["cross_rank"] == r["rank"] // r["local_size"]
+        assert r["gloo_iface"] == "eth0"
