@@ -21,53 +21,23 @@ ignored, since the workers are Ray actors that no one logs into (Horovod wrote
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ringcore._config import START_TIMEOUT_ENV_VAR
+from ringcore._iface import NICS_ENV_VARS, nic_names, nics_env
 
 log = logging.getLogger("ringtrain.ray_runner")
 
 __all__ = ["IFACE_ENV_VARS", "RaySettings", "nics_env", "normalize_nics"]
 
 #: The variables one ``nics`` value sets: ringtrain's own and the ones Gloo and NCCL read.
-IFACE_ENV_VARS = ("RING_IFACE", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-
-_IGNORED_SSH = ("ssh_identity_file", "ssh_str", "ssh_port")
+IFACE_ENV_VARS = NICS_ENV_VARS
 
 
 def normalize_nics(nics: Any, where: str = "nics") -> tuple[str, ...] | None:
     """``nics`` as a tuple of interface names (a set sorted, a list kept in order)."""
-    if nics is None:
-        return None
-    if isinstance(nics, str):
-        names: list[Any] = [n.strip() for n in nics.split(",")]
-    elif isinstance(nics, (set, frozenset)):
-        names = sorted(nics, key=str)
-    elif isinstance(nics, Iterable):
-        names = list(nics)
-    else:
-        raise TypeError(
-            f"{where} takes interface names (a set or list of str, e.g. {{'eth0'}}), "
-            f"got {type(nics).__name__}"
-        )
-    bad = [n for n in names if not isinstance(n, str) or not n or any(c in n for c in ", \t")]
-    if bad or not names:
-        raise ValueError(
-            f"{where}={nics!r}: each interface is a non-empty name such as 'eth0' "
-            f"(no commas or spaces){'; got ' + repr(bad[0]) if bad else '; got none'}. "
-            "List the interfaces with `ip -br link`."
-        )
-    return tuple(dict.fromkeys(names))  # duplicates dropped, order kept
-
-
-def nics_env(nics: tuple[str, ...] | None) -> dict[str, str]:
-    """The workers' environment for ``nics``: every variable of :data:`IFACE_ENV_VARS`."""
-    if not nics:
-        return {}
-    joined = ",".join(nics)
-    return dict.fromkeys(IFACE_ENV_VARS, joined)
+    return None if nics is None else nic_names(nics, where)
 
 
 def _check_seconds(name: str, value: Any, allow_none: bool = False) -> None:

@@ -20,14 +20,58 @@ import socket
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from . import _config as cfg
 
-__all__ = ["IfaceChoice", "apply", "choose_interface", "interface_addresses", "route_address"]
+__all__ = [
+    "NICS_ENV_VARS",
+    "IfaceChoice",
+    "apply",
+    "choose_interface",
+    "interface_addresses",
+    "nic_names",
+    "nics_env",
+    "route_address",
+]
 
 log = logging.getLogger("ringtrain.ringcore")
 
 _SIOCGIFADDR = 0x8915  # linux/sockios.h
+
+
+#: The variables a launcher's ``nics=`` sets for its workers: ours and those Gloo and NCCL read.
+NICS_ENV_VARS = (cfg.IFACE_ENV_VAR, "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+
+
+def nic_names(nics: Any, where: str = "nics", hosts: str = "") -> tuple[str, ...]:
+    """A launcher's ``nics`` (a str, a set or a list of interface names) as a tuple: a set
+    sorted (the same on every run), a list kept in order, duplicates dropped. ``where``
+    names the argument in errors; ``hosts`` says whose interfaces to list."""
+    if isinstance(nics, str):
+        names: list[Any] = [n.strip() for n in nics.split(",")]
+    elif isinstance(nics, (set, frozenset)):
+        names = sorted(nics, key=str)
+    elif isinstance(nics, (list, tuple)):
+        names = list(nics)
+    else:
+        raise TypeError(
+            f"{where} takes interface names (a set or list of str, e.g. {{'eth0'}}), "
+            f"got {type(nics).__name__}"
+        )
+    bad = [n for n in names if not isinstance(n, str) or not n or any(c in n for c in ", \t")]
+    if bad or not names:
+        raise ValueError(
+            f"{where}={nics!r}: each interface is a non-empty name such as 'eth0' (no commas or "
+            f"spaces){'; got ' + repr(bad[0]) if bad else '; got none'}. List the interfaces"
+            f"{hosts} with `ip -br link`."
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def nics_env(nics: tuple[str, ...] | None) -> dict[str, str]:
+    """The workers' environment for ``nics``: every variable of :data:`NICS_ENV_VARS`."""
+    return dict.fromkeys(NICS_ENV_VARS, ",".join(nics)) if nics else {}
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import cloudpickle
 
 from ringcore import RingError, cuda_built
 from ringcore._config import get_float
+from ringcore._iface import NICS_ENV_VARS, nic_names
 from ringcore._pickling import dumps_with_user_code
 
 from . import _connect
@@ -74,29 +75,7 @@ def _check_options(fn, env, verbose, use_gpu) -> None:
 
 
 #: The variables ``nics=`` sets in every task: ringtrain's own and those Gloo and NCCL read.
-IFACE_ENV_VARS = ("RING_IFACE", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-
-
-def _nic_names(nics: Any) -> list[str]:
-    if isinstance(nics, str):
-        names: list[Any] = [n.strip() for n in nics.split(",")]
-    elif isinstance(nics, (set, frozenset)):
-        names = sorted(nics, key=str)  # a set has no order; make it the same on every run
-    elif isinstance(nics, (list, tuple)):
-        names = list(nics)
-    else:
-        raise TypeError(
-            f"nics takes interface names (a set or list of str, e.g. {{'eth0'}}), "
-            f"got {type(nics).__name__}"
-        )
-    bad = [n for n in names if not isinstance(n, str) or not n or any(c in n for c in ", \t")]
-    if bad or not names:
-        raise ValueError(
-            f"nics={nics!r}: each interface is a non-empty name such as 'eth0' (no commas or "
-            f"spaces){'; got ' + repr(bad[0]) if bad else '; got none'}. List the interfaces "
-            "of the executors' hosts with `ip -br link`."
-        )
-    return list(dict.fromkeys(names))
+IFACE_ENV_VARS = NICS_ENV_VARS
 
 
 def horovod_options_env(
@@ -134,7 +113,7 @@ def horovod_options_env(
     env = dict(env or {})
     if nics is None:
         return env
-    joined = ",".join(_nic_names(nics))
+    joined = ",".join(nic_names(nics, hosts=" of the executors' hosts"))
     clash = [k for k in IFACE_ENV_VARS if k in env and env[k] != joined]
     if clash:
         raise ValueError(
