@@ -30,10 +30,21 @@ def _raises(fn, *kinds):
 def _op_errors(hvd, tf, r, out):
     mismatch = (tf.errors.FailedPreconditionError, hvd.CollectiveMismatchError)
     out["shape_mismatch_eager"] = _raises(lambda: hvd.allreduce(tf.ones([r + 1])), *mismatch)
+    graph_kinds = (tf.errors.FailedPreconditionError, tf.errors.InvalidArgumentError)
     out["dtype_mismatch_graph"] = _raises(
         tf.function(lambda: hvd.allgather(tf.ones([2], tf.int32 if r else tf.float32))),
-        tf.errors.InvalidArgumentError,
+        *graph_kinds,
     )
+    try:
+        tf.function(lambda: hvd.allreduce(tf.ones([r + 1]), name="graph.shape"))()
+    except tf.errors.FailedPreconditionError as exc:
+        out["shape_mismatch_graph_message"] = exc.message
+    total = tf.function(lambda: hvd.allreduce(tf.ones([2]) * r, op=hvd.Sum))()
+    out["in_step_after_graph_error"] = float(total[0])
+    with tf.Graph().as_default():  # a TF1 session graph fails the same way
+        bad = hvd.broadcast(tf.ones([2]), root_rank=r, name="graph.root")
+        with tf.compat.v1.Session() as sess:
+            out["root_mismatch_session"] = _raises(lambda: sess.run(bad), *graph_kinds)
     out["root_mismatch"] = _raises(lambda: hvd.broadcast(tf.ones([2]), root_rank=r), *mismatch)
     invalid = tf.errors.InvalidArgumentError
     out["a2a_uneven_no_splits"] = _raises(lambda: hvd.alltoall(tf.ones([N + 1])), invalid)
@@ -248,9 +259,13 @@ def test_a_mismatch_between_ranks_raises_failed_precondition_as_horovods_ops(res
         assert res["root_mismatch"] == MISMATCH
 
 
-def test_a_mismatch_inside_a_graph_raises_invalid_argument_from_the_py_function(results):
+def test_a_mismatch_inside_a_graph_raises_failed_precondition_with_our_message(results):
     for res in results:
-        assert res["dtype_mismatch_graph"] == ["InvalidArgumentError"]
+        assert res["dtype_mismatch_graph"] == ["FailedPreconditionError"]
+        assert res["root_mismatch_session"] == ["FailedPreconditionError"]
+        assert "graph.shape" in res["shape_mismatch_graph_message"]
+        assert "shape" in res["shape_mismatch_graph_message"].lower()
+        assert res["in_step_after_graph_error"] == 1.0  # sum of ranks 0 and 1: still in step
 
 
 def test_alltoall_without_splits_on_an_uneven_first_dimension_raises_invalid_argument(results):

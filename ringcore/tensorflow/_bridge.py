@@ -25,6 +25,20 @@ session graph (``tf.compat.v1``), where it has a cost: ``session.run`` runs what
 fetch depends on, so fetching a collective runs every one built before it in that
 graph again (Horovod's asynchronous kernels need no such chain; a ``py_function``
 blocks a thread, and independent blocked ones could deadlock the ranks).
+
+Error classes in a graph: TensorFlow turns an exception raised inside a
+``py_function`` into ``InvalidArgumentError`` or ``UnknownError`` whatever its class,
+but Horovod's kernels fail a mismatch between ranks with ``FailedPreconditionError``,
+and code written against Horovod catches that. So in a graph the ``py_function``
+does not raise a mismatch: it returns empty outputs and the message as one more
+(string) output, and a guard after it fails the step with the right class. The
+guard is a ``tf.io.read_file`` of ``/dev/null/<message>``, run only when the
+message is not empty: reading below a file that is not a directory is the one
+stock TensorFlow op that fails with ``FailedPreconditionError`` and a message made
+at run time (ENOTDIR maps to FAILED_PRECONDITION), so the user sees that class with
+our message in it, and no custom kernel has to be compiled. Outputs are read
+through an identity that depends on the guard, so nothing downstream sees the
+empty placeholders.
 """
 
 from __future__ import annotations
@@ -54,9 +68,8 @@ class MismatchError(tf.errors.FailedPreconditionError, CollectiveMismatchError):
     """Ranks disagree on a collective (shape, dtype, op, root rank): in eager mode,
     the ``tf.errors.FailedPreconditionError`` Horovod's TensorFlow ops raise, and
     still a :class:`ringcore.CollectiveMismatchError`. Inside a graph (``tf.function``,
-    a TF1 session) the op is a ``tf.py_function``, which keeps no error class of
-    the Python code but ValueError's: there it is an ``InvalidArgumentError`` with the
-    same message."""
+    a TF1 session) the step fails with a plain ``FailedPreconditionError`` carrying
+    the same message (see the module docstring)."""
 
     def __init__(self, message: str):
         tf.errors.FailedPreconditionError.__init__(self, None, None, message)
@@ -103,6 +116,41 @@ def to_tf(tensor: torch.Tensor) -> Any:
         return tf.convert_to_tensor(tensor.numpy())
 
 
+# Longest message carried into the guard's path (Linux refuses paths over 4096
+# bytes with ENAMETOOLONG, which TensorFlow maps to another class).
+_GUARD_MESSAGE_BYTES = 3000
+_GUARD_PREFIX = "/dev/null/ringtrain: "
+
+
+def _carrying_mismatch(fn: Callable[..., Any], touts: list[Any]) -> Callable[..., Any]:
+    """``fn`` for a graph's ``py_function``: its outputs plus an empty message, or on a
+    mismatch between ranks, empty outputs of each dtype plus the message."""
+
+    def wrapper(*args: Any) -> list[Any]:
+        try:
+            out = fn(*args)
+        except CollectiveMismatchError as exc:
+            message = str(exc).replace("\0", " ").encode()[:_GUARD_MESSAGE_BYTES]
+            empty = [tf.zeros([0], dtype=d) for d in touts]
+            return [*empty, tf.constant(message.decode(errors="ignore"))]
+        outs = list(out) if isinstance(out, list | tuple) else [out]
+        return [*outs, tf.constant("")]
+
+    return wrapper
+
+
+def _guard(message: Any) -> Any:
+    """An op that fails with ``FailedPreconditionError`` carrying ``message`` when it is
+    not empty, and does nothing otherwise (see the module docstring)."""
+
+    def fail() -> Any:
+        # a data dependency on the read (a control one is pruned from the branch)
+        read = tf.io.read_file(tf.strings.join([_GUARD_PREFIX, message]))
+        return tf.equal(tf.strings.length(read), -1)
+
+    return tf.cond(tf.equal(message, ""), lambda: tf.constant(True), fail)
+
+
 def run_op(
     fn: Callable[..., Any],
     inputs: Sequence[Any],
@@ -110,14 +158,21 @@ def run_op(
     op_name: str,
 ) -> Any:
     """``fn(*inputs)`` now when eager; in a graph, a ``tf.py_function`` chained after
-    the graph's previous collective (see the module docstring)."""
+    the graph's previous collective, whose mismatch errors fail the step as
+    ``FailedPreconditionError`` (see the module docstring)."""
     fn = _tf_errors(fn)
     if tf.executing_eagerly():
         return fn(*inputs)
+    single = not isinstance(tout, list | tuple)
+    touts = [tout] if single else list(tout)
     graph = tf.compat.v1.get_default_graph()
     previous = _chains.get(graph)
     with tf.control_dependencies([previous] if previous is not None else []):
-        out = tf.py_function(fn, list(inputs), tout, name=op_name)
-    first = out[0] if isinstance(out, list | tuple) else out
-    _chains[graph] = first.op if first is not None else None
-    return out
+        raw = tf.py_function(
+            _carrying_mismatch(fn, touts), list(inputs), [*touts, tf.string], name=op_name
+        )
+        ok = _guard(raw[-1])
+    with tf.control_dependencies([ok]):
+        outs = [tf.identity(o) for o in raw[:-1]]
+    _chains[graph] = ok.op
+    return outs[0] if single else outs
