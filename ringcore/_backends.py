@@ -1,301 +1,137 @@
-"""The data plane: how bulk tensors move once the coordinator has ordered the ops.
+"""The data plane's seam: the :class:`Backend` protocol and the registry of backends.
 
-Two backends behind one small interface, used only from the engine's thread:
-Gloo (and NCCL on GPU) through ``torch.distributed``, and MPI through ``mpi4py``
-(under ``mpirun``). We write no transport: the ring algorithms are the libraries'.
+A backend moves bulk tensors once the coordinator has ordered the ops; the engine
+calls it from its own thread only. We write no transport: the ring algorithms are
+the libraries'. Each backend is made by a factory registered under its name
+(``RING_BACKEND``): the factory joins the job's ring and returns a
+:class:`Connection` (the backend, the job's store, how to leave). Built in:
 
-With NCCL the process group is ``cpu:gloo,cuda:nccl``: torch sends each tensor to
-the backend of its device. Where the data plane is CPU-only (Gloo without NCCL, MPI),
-:class:`HostStaged` copies each CUDA tensor to host memory, runs the collective
-there and copies the result back onto the tensor's device (see ``_gpu``).
+- ``gloo`` and ``nccl`` — ``torch.distributed`` (``_torch_ring``, ``_torch_backend``);
+  which of the two actually carries CUDA tensors is ``_backend_choice``'s decision;
+- ``mpi`` — ``mpi4py`` under ``mpirun`` (``_mpi_backend``).
+
+Where the data plane is CPU-only, ``_host_staged.HostStaged`` wraps it so CUDA tensors
+work too. This module imports neither torch nor mpi4py: implementations load when
+their factory runs.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
+from . import _config as cfg
 
-from ._ops import ReduceOp
+if TYPE_CHECKING:
+    import torch
 
-__all__ = ["HostStaged", "MPIBackend", "TorchDistBackend", "torch_backend"]
+    from ._ops import ReduceOp
+    from ._rendezvous import Rendezvous
 
-# Element types Gloo and NCCL carry. Others (int16, the unsigned 16/32/64-bit types)
-# travel as a same-size carried type when only bytes move (allgather, broadcast,
-# alltoall), and widened to a carried type for a reduction.
-_CARRIED = {
-    torch.uint8,
-    torch.int8,
-    torch.int32,
-    torch.int64,
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-    torch.bool,
-}
-_SAME_SIZE = {1: torch.uint8, 2: torch.float16, 4: torch.int32, 8: torch.int64}
-_WIDER = {torch.int16: torch.int32}
-for _name, _wide in (("uint16", torch.int32), ("uint32", torch.int64)):
-    if hasattr(torch, _name):
-        _WIDER[getattr(torch, _name)] = _wide
+__all__ = [
+    "Backend",
+    "BackendFactory",
+    "Connection",
+    "lookup_backend",
+    "register_backend",
+    "registered_backends",
+    "requested_backend",
+]
 
 
-def _as_carried(t: torch.Tensor) -> torch.Tensor:
-    """``t`` itself, or a view of its bytes as a carried type of the same element size."""
-    if t.dtype in _CARRIED:
-        return t
-    return t.view(_SAME_SIZE[t.element_size()])
+class Backend(Protocol):
+    """What the engine needs from a data plane. ``group``: a handle from
+    :meth:`new_group` (None: every rank); ``members``: the group's global ranks."""
 
+    name: str
 
-def torch_backend() -> Any:
-    """The backend over the default ``torch.distributed`` group: CUDA tensors go through
-    the group when it has a CUDA backend that is not Gloo (NCCL), else via host memory."""
-    backend = TorchDistBackend()
-    return backend if backend.cuda_native else HostStaged(backend)
+    def allreduce(self, t: torch.Tensor, op: ReduceOp, group: Any) -> None: ...
 
+    def allgather(self, t: torch.Tensor, dims: list[int], group: Any) -> torch.Tensor: ...
 
-def _backend_config(dist: Any) -> dict[str, str]:
-    """``{"cpu": "gloo", "cuda": "nccl"}`` from the default group's configuration."""
-    pairs = [p.split(":", 1) for p in str(dist.get_backend_config()).split(",") if ":" in p]
-    return {device.strip(): name.strip() for device, name in pairs}
-
-
-class TorchDistBackend:
-    """Collectives through ``torch.distributed`` (the default process group and
-    groups made with ``new_group``).
-
-    ``name`` is "nccl" when CUDA tensors travel through NCCL, else the group's backend.
-    A group adopted from the user with no CPU backend (``init_process_group("nccl")``)
-    gets a Gloo side group for CPU tensors.
-    """
-
-    def __init__(self) -> None:
-        import torch.distributed as dist
-
-        self.dist = dist
-        config = _backend_config(dist)
-        self.cuda_native = config.get("cuda", "gloo") not in ("gloo", "")
-        self.name = "nccl" if config.get("cuda") == "nccl" else str(dist.get_backend())
-        self._cpu_groups: dict[Any, Any] | None = None
-        if "cpu" not in config:
-            self._cpu_groups = {None: dist.new_group(backend="gloo")}
-        self._ops = {
-            ReduceOp.Sum: dist.ReduceOp.SUM,
-            ReduceOp.Average: dist.ReduceOp.SUM,
-            ReduceOp.Min: dist.ReduceOp.MIN,
-            ReduceOp.Max: dist.ReduceOp.MAX,
-            ReduceOp.Product: dist.ReduceOp.PRODUCT,
-        }
-
-    def _for(self, t: torch.Tensor, group: Any) -> Any:
-        """The group to move ``t`` through (the Gloo side group for a CPU tensor when the
-        adopted group is CUDA-only)."""
-        if self._cpu_groups is None or t.is_cuda:
-            return group
-        return self._cpu_groups[group]
-
-    def allreduce(self, t: torch.Tensor, op: ReduceOp, group: Any) -> None:
-        if t.dtype in _CARRIED:
-            self.dist.all_reduce(t, op=self._ops[op], group=self._for(t, group))
-            return
-        wide = t.to(_WIDER.get(t.dtype, torch.float64))
-        self.dist.all_reduce(wide, op=self._ops[op], group=self._for(t, group))
-        t.copy_(wide)
-
-    def allgather(self, t: torch.Tensor, dims: list[int], group: Any) -> torch.Tensor:
-        if t.dtype not in _CARRIED:
-            return self.allgather(_as_carried(t), dims, group).view(t.dtype)
-        group = self._for(t, group)
-        longest = max(dims)
-        x = (
-            t
-            if t.shape[0] == longest
-            else torch.cat([t, t.new_zeros((longest - t.shape[0], *t.shape[1:]))])
-        )
-        parts = [torch.empty_like(x) for _ in dims]
-        self.dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat([p[:d] for p, d in zip(parts, dims)])
-
-    def broadcast(self, t: torch.Tensor, root: int, members: list[int], group: Any) -> None:
-        self.dist.broadcast(_as_carried(t), src=root, group=self._for(t, group))
+    def broadcast(self, t: torch.Tensor, root: int, members: list[int], group: Any) -> None: ...
 
     def alltoall(
         self, t: torch.Tensor, send: list[int], recv: list[int], group: Any
-    ) -> torch.Tensor:
-        out = t.new_empty((sum(recv), *t.shape[1:]))
-        self.dist.all_to_all_single(
-            _as_carried(out),
-            _as_carried(t),
-            output_split_sizes=recv,
-            input_split_sizes=send,
-            group=self._for(t, group),
+    ) -> torch.Tensor: ...
+
+    def barrier(self, group: Any) -> None: ...
+
+    def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, group: Any) -> None: ...
+
+    def new_group(self, ranks: list[int], size: int) -> Any: ...
+
+    def broadcast_object(self, obj: Any, root: int = 0) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Connection:
+    """What a backend's factory returns: the backend; the rendezvous it joined through
+    (a factory may refine it, e.g. Gloo under mpirun); the job's store, if it opened
+    one; and ``close``, what leaving the ring takes (None: nothing)."""
+
+    backend: Backend
+    rendezvous: Rendezvous
+    store: Any = None
+    close: Callable[[], None] | None = None
+
+
+BackendFactory = Callable[["Rendezvous"], Connection]
+
+_REGISTRY: dict[str, BackendFactory] = {}
+
+
+def register_backend(name: str, factory: BackendFactory) -> None:
+    """Make ``RING_BACKEND=name`` join the ring with ``factory`` (replacing one of that name)."""
+    if not name or name != name.strip().lower():
+        raise ValueError(f"a backend name is lower case without spaces, got {name!r}")
+    _REGISTRY[name] = factory
+
+
+def registered_backends() -> tuple[str, ...]:
+    return tuple(sorted(_REGISTRY))
+
+
+def lookup_backend(name: str) -> BackendFactory:
+    """The factory registered as ``name``; a ValueError listing the registered ones if none."""
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        raise ValueError(
+            f"{cfg.BACKEND_ENV_VAR}={name!r} is not a backend; use one of "
+            f"{', '.join(registered_backends())} (or register one with "
+            "ringcore._backends.register_backend)."
         )
-        return out
-
-    def barrier(self, group: Any) -> None:
-        self.dist.barrier(group=group)
-
-    def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, group: Any) -> None:
-        group = self._for(send, group)
-        ops = [
-            self.dist.P2POp(self.dist.isend, send, peer, group),
-            self.dist.P2POp(self.dist.irecv, recv, peer, group),
-        ]
-        for work in self.dist.batch_isend_irecv(ops):
-            work.wait()
-
-    def new_group(self, ranks: list[int], size: int) -> Any:
-        if len(ranks) == size:
-            return None
-        group = self.dist.new_group(ranks)
-        if self._cpu_groups is not None:
-            self._cpu_groups[group] = self.dist.new_group(ranks, backend="gloo")
-        return group
-
-    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
-        box = [obj]
-        self.dist.broadcast_object_list(box, src=root)
-        return box[0]
+    return factory
 
 
-class HostStaged:
-    """A CPU-only backend (Gloo without NCCL, MPI) that also takes CUDA tensors.
-
-    Each collective on a CUDA tensor copies it to host memory, runs the inner
-    backend there, and copies the result back onto the tensor's device: one
-    device-to-host and one host-to-device copy per op (a fused allreduce is one op),
-    and the copies synchronize the engine's stream with the host. CPU tensors pass
-    through untouched.
-    """
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.name = inner.name
-
-    def allreduce(self, t: torch.Tensor, op: ReduceOp, group: Any) -> None:
-        if not t.is_cuda:
-            return self.inner.allreduce(t, op, group)
-        host = t.cpu()
-        self.inner.allreduce(host, op, group)
-        t.copy_(host)
-        return None
-
-    def allgather(self, t: torch.Tensor, dims: list[int], group: Any) -> torch.Tensor:
-        if not t.is_cuda:
-            return self.inner.allgather(t, dims, group)
-        return self.inner.allgather(t.cpu(), dims, group).to(t.device)
-
-    def broadcast(self, t: torch.Tensor, root: int, members: list[int], group: Any) -> None:
-        if not t.is_cuda:
-            return self.inner.broadcast(t, root, members, group)
-        host = t.cpu()
-        self.inner.broadcast(host, root, members, group)
-        t.copy_(host)
-        return None
-
-    def alltoall(
-        self, t: torch.Tensor, send: list[int], recv: list[int], group: Any
-    ) -> torch.Tensor:
-        if not t.is_cuda:
-            return self.inner.alltoall(t, send, recv, group)
-        return self.inner.alltoall(t.cpu(), send, recv, group).to(t.device)
-
-    def barrier(self, group: Any) -> None:
-        self.inner.barrier(group)
-
-    def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, group: Any) -> None:
-        if not (send.is_cuda or recv.is_cuda):
-            return self.inner.exchange(send, recv, peer, group)
-        host = recv.cpu()
-        self.inner.exchange(send.cpu(), host, peer, group)
-        recv.copy_(host)
-        return None
-
-    def new_group(self, ranks: list[int], size: int) -> Any:
-        return self.inner.new_group(ranks, size)
-
-    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
-        return self.inner.broadcast_object(obj, root)
+def requested_backend(rdv: Rendezvous) -> str:
+    """The backend this job asks for: ``RING_BACKEND``, else ``mpi`` under mpirun, else Gloo."""
+    name = cfg.get_env(cfg.BACKEND_ENV_VAR) or (
+        "mpi" if rdv.source == "mpi" else cfg.DEFAULT_BACKEND
+    )
+    return name.lower()
 
 
-class MPIBackend:
-    """Collectives through mpi4py on CPU tensors (numpy views, no copies except for
-    float16/bfloat16, which MPI lacks and which travel as float32)."""
+def _torch_ring(name: str) -> BackendFactory:
+    """The factory of ``name`` ("gloo" or "nccl"): the same ``torch.distributed`` ring,
+    with ``name`` as an explicit wish when ``RING_BACKEND`` says so, else chosen."""
 
-    name = "mpi"
+    def factory(rdv: Rendezvous) -> Connection:
+        from ._torch_ring import connect
 
-    def __init__(self, comm: Any = None) -> None:
-        from mpi4py import MPI
+        explicit = (cfg.get_env(cfg.BACKEND_ENV_VAR) or "").lower() == name
+        return connect(rdv, requested=name if explicit else None)
 
-        self.MPI = MPI
-        self.world = comm if comm is not None else MPI.COMM_WORLD
-        self._ops = {
-            ReduceOp.Sum: MPI.SUM,
-            ReduceOp.Average: MPI.SUM,
-            ReduceOp.Min: MPI.MIN,
-            ReduceOp.Max: MPI.MAX,
-            ReduceOp.Product: MPI.PROD,
-        }
+    return factory
 
-    def _comm(self, group: Any) -> Any:
-        return self.world if group is None else group
 
-    @staticmethod
-    def _np(t: torch.Tensor):
-        if t.device.type != "cpu":
-            raise TypeError(f"the MPI backend moves CPU tensors only, got a tensor on {t.device}")
-        return t.numpy()
+def _mpi(rdv: Rendezvous) -> Connection:
+    from ._mpi_backend import connect
 
-    def _run_wide(self, t: torch.Tensor, fn) -> None:
-        if t.dtype in (torch.float16, torch.bfloat16):
-            wide = t.to(torch.float32)
-            fn(wide)
-            t.copy_(wide)
-        else:
-            fn(t)
+    return connect(rdv)
 
-    def allreduce(self, t: torch.Tensor, op: ReduceOp, group: Any) -> None:
-        self._run_wide(
-            t,
-            lambda x: self._comm(group).Allreduce(self.MPI.IN_PLACE, self._np(x), op=self._ops[op]),
-        )
 
-    def allgather(self, t: torch.Tensor, dims: list[int], group: Any) -> torch.Tensor:
-        row = int(torch.tensor(t.shape[1:]).prod().item()) if t.dim() > 1 else 1
-        wide = t.to(torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t
-        out = wide.new_empty((sum(dims), *t.shape[1:]))
-        counts = [d * row for d in dims]
-        self._comm(group).Allgatherv(self._np(wide.contiguous()), [self._np(out), counts])
-        return out.to(t.dtype)
-
-    def broadcast(self, t: torch.Tensor, root: int, members: list[int], group: Any) -> None:
-        local_root = members.index(root)
-        self._run_wide(t, lambda x: self._comm(group).Bcast(self._np(x), root=local_root))
-
-    def alltoall(
-        self, t: torch.Tensor, send: list[int], recv: list[int], group: Any
-    ) -> torch.Tensor:
-        row = int(torch.tensor(t.shape[1:]).prod().item()) if t.dim() > 1 else 1
-        wide = t.to(torch.float32) if t.dtype in (torch.float16, torch.bfloat16) else t
-        out = wide.new_empty((sum(recv), *t.shape[1:]))
-        sc, rc = [s * row for s in send], [r * row for r in recv]
-        self._comm(group).Alltoallv([self._np(wide.contiguous()), sc], [self._np(out), rc])
-        return out.to(t.dtype)
-
-    def barrier(self, group: Any) -> None:
-        self._comm(group).Barrier()
-
-    def exchange(self, send: torch.Tensor, recv: torch.Tensor, peer: int, group: Any) -> None:
-        self.world.Sendrecv(
-            self._np(send.contiguous()), dest=peer, recvbuf=self._np(recv), source=peer
-        )
-
-    def new_group(self, ranks: list[int], size: int) -> Any:
-        if len(ranks) == size:
-            return None
-        comm = self.world.Create(self.world.Get_group().Incl(ranks))
-        return comm if comm != self.MPI.COMM_NULL else None
-
-    def broadcast_object(self, obj: Any, root: int = 0) -> Any:
-        return self.world.bcast(obj, root=root)
+register_backend("gloo", _torch_ring("gloo"))
+register_backend("nccl", _torch_ring("nccl"))  # the choice between them: _backend_choice
+register_backend("mpi", _mpi)

@@ -22,15 +22,32 @@ import selectors
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ._auth import AuthenticationError
+from ._protocol import (
+    CONTROL_KINDS,
+    Abort,
+    CachedRequest,
+    Entry,
+    Goodbye,
+    JoinRequest,
+    Message,
+    Request,
+    RequestBatch,
+    ResponseBatch,
+    ResponseItem,
+    decode_message,
+    disagreement,
+)
 from ._wire import HANDSHAKE_TIMEOUT_S, Channel, accept_handshake
 
-log = logging.getLogger("ringtrain.ringcore.coordinator")
+__all__ = ["Coordinator", "CoordinatorConfig"]
 
-# Request fields that must agree across ranks, per op kind (shape rules apart).
-_AGREE = ("k", "d", "o", "r", "pre", "post", "dev", "g", "gn", "ranks", "id")
+log = logging.getLogger("ringtrain.ringcore.coordinator")
+#: handshakes in flight at once beyond the ranks' own: a flood of strangers is hung up
+#: on (and counted in ``refused``) instead of costing a thread each
+SPARE_HANDSHAKES = 64
 _ITEMSIZE = {
     "float16": 2,
     "bfloat16": 2,
@@ -49,7 +66,7 @@ _ITEMSIZE = {
 
 @dataclass
 class _Pending:
-    reqs: dict[int, dict] = field(default_factory=dict)
+    reqs: dict[int, Request] = field(default_factory=dict)
     since: float = field(default_factory=time.monotonic)
     warned_at: float = 0.0
     ready: bool = False
@@ -87,7 +104,7 @@ class Coordinator:
         self.pending: dict[tuple[int, str], _Pending] = {}
         self.ready: list[tuple[int, str]] = []
         self.ready_since: float | None = None
-        self.cache: dict[int, dict] = {}
+        self.cache: dict[int, Request] = {}
         self.cache_ids: dict[tuple[int, str], int] = {}
         self.joined: list[int] = []
         self.gone: set[int] = set()
@@ -131,6 +148,10 @@ class Coordinator:
                     sock, peer = self.server.accept()
                 except TimeoutError:
                     continue
+                if len(self._handshaking) >= SPARE_HANDSHAKES + self.cfg.size:
+                    self.refused += 1
+                    sock.close()
+                    continue
                 self._handshaking.add(sock)
                 threading.Thread(
                     target=self._handshake,
@@ -164,6 +185,16 @@ class Coordinator:
         self.channels[rank] = ch
 
     def _serve(self) -> None:
+        try:
+            self._serve_ranks()
+        except Exception as exc:  # never die without telling the ranks
+            log.exception("coordinator failed")
+            with contextlib.suppress(Exception):
+                self._abort(f"the coordinator on rank 0 failed: {type(exc).__name__}: {exc}")
+            for ch in self.channels.values():
+                ch.close()
+
+    def _serve_ranks(self) -> None:
         try:
             self._accept_all(timeout_s=self.cfg.start_timeout_s)
         except OSError as exc:
@@ -227,31 +258,29 @@ class Coordinator:
         return 1.0
 
     # -- messages ---------------------------------------------------------------
-    def _handle(self, rank: int, msg: dict) -> None:
-        kind = msg.get("t")
-        if kind == "req":
-            for req in msg["reqs"]:
+    def _handle(self, rank: int, wire: dict) -> None:
+        msg = decode_message(wire)
+        if isinstance(msg, RequestBatch):
+            for req in msg.requests:
                 self._add_request(rank, req)
-        elif kind == "join":
+        elif isinstance(msg, JoinRequest):
             if rank not in self.joined:
                 self.joined.append(rank)
             self._recheck_all()
-        elif kind == "bye":
+        elif isinstance(msg, Goodbye):
             self.gone.add(rank)
             self._fail_waiting_on(rank, f"rank {rank} called shutdown() before submitting it")
-            self.channels[rank].send({"t": "bye"})
+            self.channels[rank].send(Goodbye().to_wire())
 
-    def _add_request(self, rank: int, req: dict) -> None:
-        if "c" in req:  # a cached request: same signature as before, new shape for dim 0 ops
-            base = dict(self.cache[req["c"]])
-            base.update({k: v for k, v in req.items() if k != "c"})
-            req = base
-        key = (req.get("ps", 0), req["n"])
+    def _add_request(self, rank: int, sent: Request | CachedRequest) -> None:
+        # a cached request: same signature as before, new shape for dim 0 ops
+        req = sent.expand(self.cache[sent.cache_id]) if isinstance(sent, CachedRequest) else sent
+        key = (req.process_set, req.name)
         entry = self.pending.setdefault(key, _Pending())
         if rank in entry.reqs:
             self._send_error(
                 [key],
-                f"{req['k']} of {req['n']!r} was submitted twice by rank {rank} before it completed; give concurrent ops distinct names",
+                f"{req.kind} of {req.name!r} was submitted twice by rank {rank} before it completed; give concurrent ops distinct names",
             )
             return
         entry.reqs[rank] = req
@@ -267,33 +296,33 @@ class Coordinator:
         ps, name = key
         members = self._members(ps)
         any_req = next(iter(entry.reqs.values()))
-        if any_req["k"] in ("ps_add", "ps_remove"):
+        if any_req.kind in CONTROL_KINDS:
             members = list(range(self.cfg.size))
         missing = [r for r in members if r not in entry.reqs]
         if not members:
             self._send_error(
                 [key],
-                f"{any_req['k']} of {name!r} uses process set {ps}, which does not exist (removed?)",
+                f"{any_req.kind} of {name!r} uses process set {ps}, which does not exist (removed?)",
             )
             return
         gone_missing = [r for r in missing if r in self.gone]
         if gone_missing:
             self._send_error(
                 [key],
-                f"{any_req['k']} of {name!r}: ranks {gone_missing} already shut down",
+                f"{any_req.kind} of {name!r}: ranks {gone_missing} already shut down",
                 kind="peer",
             )
             return
         joined_missing = [r for r in missing if r in self.joined]
         if len(joined_missing) < len(missing):
             return
-        if joined_missing and any_req["k"] != "allreduce":
+        if joined_missing and any_req.kind != "allreduce":
             self._send_error(
                 [key],
-                f"{any_req['k']} of {name!r} cannot run while ranks {joined_missing} have joined; only allreduce continues with joined ranks",
+                f"{any_req.kind} of {name!r} cannot run while ranks {joined_missing} have joined; only allreduce continues with joined ranks",
             )
             return
-        problem = _disagreement(name, entry.reqs)
+        problem = disagreement(name, entry.reqs)
         if problem:
             self._send_error([key], problem)
             return
@@ -309,14 +338,14 @@ class Coordinator:
         if live and all(r in self.joined for r in live) and not self.ready:
             last = self.joined[-1]
             self.joined.clear()
-            self._broadcast({"t": "resp", "items": [{"k": "join", "last": last}]})
+            self._broadcast(ResponseBatch((ResponseItem("join", last=last),)))
 
     def _fail_waiting_on(self, rank: int, why: str) -> None:
         for key, entry in list(self.pending.items()):
             if not entry.ready and rank in self._members(key[0]) and rank not in entry.reqs:
                 self._send_error(
                     [key],
-                    f"{next(iter(entry.reqs.values()))['k']} of {key[1]!r}: {why}",
+                    f"{next(iter(entry.reqs.values())).kind} of {key[1]!r}: {why}",
                     kind="peer",
                 )
 
@@ -332,86 +361,82 @@ class Coordinator:
             return
         items = self._build_items(self.ready)
         self.ready, self.ready_since = [], None
-        self._broadcast({"t": "resp", "items": items})
+        self._broadcast(ResponseBatch(tuple(items)))
         if self.autotuner is not None:
             moved = sum(
-                _ITEMSIZE.get(i["d"], 8) * _numel(e["s"])
+                _ITEMSIZE.get(i.dtype, 8) * _numel(e.shape)
                 for i in items
-                if i["k"] == "allreduce"
-                for e in i["e"]
+                if i.kind == "allreduce"
+                for e in i.entries
             )
             if self.autotuner.record(moved):
                 self.cfg.fusion_threshold, self.cfg.cycle_time_s = self.autotuner.current()
         if self.joined:
             self._recheck_all()
 
-    def _build_items(self, keys: list[tuple[int, str]]) -> list[dict]:
-        items: list[dict] = []
-        open_fusion: dict[tuple, dict] = {}
-        groups: dict[tuple, dict] = {}
+    def _build_items(self, keys: list[tuple[int, str]]) -> list[ResponseItem]:
+        """The response items for ``keys`` (ready ops, in order): allreduces of one
+        dtype/op/scale/device fused up to the threshold, a group's allreduces together."""
+        items: list[ResponseItem | _Fused] = []
+        open_fusion: dict[tuple, _Fused] = {}
+        groups: dict[tuple, _Fused] = {}
         for key in keys:
             entry = self.pending.pop(key)
             ps, name = key
-            reqs = entry.reqs
-            req = next(iter(reqs.values()))
-            cid = self._cache(key, req)
-            shape = req["s"]
-            meta = {"n": name, "s": shape, "c": cid}
-            k = req["k"]
-            if k == "allreduce":
-                nbytes = _ITEMSIZE.get(req["d"], 8) * _numel(shape)
-                sig = (ps, req["d"], req["o"], req["pre"], req["post"], req["dev"])
-                if req.get("g") is not None:
-                    gkey = (ps, req["g"])
-                    item = groups.get(gkey)
-                    if item is None:
-                        item = groups[gkey] = _allreduce_item(req, ps)
-                        items.append(item)
-                    item["e"].append(meta)
-                    continue
-                item = open_fusion.get(sig)
-                if item is None or (item["bytes"] + nbytes > self.cfg.fusion_threshold):
-                    item = _allreduce_item(req, ps)
-                    items.append(item)
-                    open_fusion[sig] = item
-                item["e"].append(meta)
-                item["bytes"] += nbytes
+            req = next(iter(entry.reqs.values()))
+            meta = Entry(name, req.shape, self._cache(key, req))
+            if req.kind != "allreduce":
+                items.append(self._item(ps, req, entry.reqs, meta))
                 continue
-            item = {"k": k, "ps": ps, "d": req["d"], "e": [meta], "r": req.get("r")}
-            members = (
-                self._members(ps)
-                if k not in ("ps_add", "ps_remove")
-                else list(range(self.cfg.size))
-            )
-            if k == "allgather":
-                item["dims"] = [reqs[r]["s"][0] for r in members]
-            elif k == "alltoall":
-                item["splits"] = [reqs[r]["sp"] for r in members]
-            elif k == "ps_add":
-                ranks = sorted(req["ranks"])
-                existing = [i for i, rs in self.process_sets.items() if rs == ranks]
-                item["id"] = existing[0] if existing else self.next_ps_id
-                if not existing:
-                    self.process_sets[self.next_ps_id] = ranks
-                    self.next_ps_id += 1
-                item["ranks"] = ranks
-            elif k == "ps_remove":
-                self.process_sets.pop(req["id"], None)
-                item["id"] = req["id"]
-            elif k == "reducescatter":
-                item.update(o=req["o"], pre=req["pre"], post=req["post"])
-            items.append(item)
-        for item in items:
-            item.pop("bytes", None)
-        return items
+            if req.group is not None:
+                fused = groups.get((ps, req.group))
+                if fused is None:
+                    fused = groups[(ps, req.group)] = _Fused(req, ps)
+                    items.append(fused)
+                fused.entries.append(meta)
+                continue
+            nbytes = _ITEMSIZE.get(req.dtype, 8) * _numel(req.shape)
+            sig = (ps, req.dtype, req.op, req.prescale, req.postscale, req.device)
+            fused = open_fusion.get(sig)
+            if fused is None or (fused.nbytes + nbytes > self.cfg.fusion_threshold):
+                fused = open_fusion[sig] = _Fused(req, ps)
+                items.append(fused)
+            fused.entries.append(meta)
+            fused.nbytes += nbytes
+        return [i.item() if isinstance(i, _Fused) else i for i in items]
 
-    def _cache(self, key: tuple[int, str], req: dict) -> int | None:
+    def _item(self, ps: int, req: Request, reqs: dict[int, Request], meta: Entry) -> ResponseItem:
+        """The response item of one op that is not an allreduce."""
+        k = req.kind
+        item = ResponseItem(k, ps, req.dtype, (meta,), root=req.root)
+        members = self._members(ps) if k not in CONTROL_KINDS else list(range(self.cfg.size))
+        if k == "allgather":
+            return replace(item, dims=tuple(reqs[r].shape[0] for r in members))
+        if k == "alltoall":
+            return replace(item, splits=tuple(tuple(reqs[r].splits or ()) for r in members))
+        if k == "ps_add":
+            ranks = sorted(req.ranks or ())
+            existing = [i for i, rs in self.process_sets.items() if rs == ranks]
+            set_id = existing[0] if existing else self.next_ps_id
+            if not existing:
+                self.process_sets[self.next_ps_id] = ranks
+                self.next_ps_id += 1
+            return replace(item, set_id=set_id, ranks=tuple(ranks))
+        if k == "ps_remove":
+            assert req.set_id is not None, "remove_process_set always names the set"
+            self.process_sets.pop(req.set_id, None)
+            return replace(item, set_id=req.set_id)
+        if k == "reducescatter":
+            return replace(item, op=req.op, prescale=req.prescale, postscale=req.postscale)
+        return item
+
+    def _cache(self, key: tuple[int, str], req: Request) -> int | None:
         if key in self.cache_ids:
             return self.cache_ids[key]
         if len(self.cache) >= self.cfg.cache_capacity:
             return None
         cid = len(self.cache)
-        self.cache[cid] = {k: v for k, v in req.items() if k not in ("s", "sp")}
+        self.cache[cid] = req  # a template: CachedRequest.expand sets name, shape, splits
         self.cache_ids[key] = cid
         return cid
 
@@ -424,16 +449,19 @@ class Coordinator:
             if key in self.ready:  # rare: an error for a ready op
                 self.ready.remove(key)
             items.append(
-                {"k": "error", "ps": key[0], "e": [{"n": key[1]}], "msg": message, "x": kind}
+                ResponseItem(
+                    "error", key[0], entries=(Entry(key[1]),), message=message, error_kind=kind
+                )
             )
-        self._broadcast({"t": "resp", "items": items})
+        self._broadcast(ResponseBatch(tuple(items)))
 
-    def _broadcast(self, message: dict) -> None:
+    def _broadcast(self, message: Message) -> None:
+        wire = message.to_wire()
         for rank, ch in self.channels.items():
-            if rank in self.gone and message.get("t") != "abort":
+            if rank in self.gone and not isinstance(message, Abort):
                 continue
             with contextlib.suppress(OSError):
-                ch.send(message)
+                ch.send(wire)
 
     def _abort(self, why: str) -> None:
         if self.aborted:
@@ -441,7 +469,7 @@ class Coordinator:
         self.aborted = True
         self.pending.clear()
         self.ready = []
-        self._broadcast({"t": "abort", "msg": why})
+        self._broadcast(Abort(why))
 
     def _check_stalls(self, now: float) -> None:
         for key, entry in list(self.pending.items()):
@@ -453,7 +481,7 @@ class Coordinator:
             if self.cfg.stall_shutdown_s > 0 and age >= self.cfg.stall_shutdown_s:
                 self._send_error(
                     [key],
-                    f"{next(iter(entry.reqs.values()))['k']} of {key[1]!r} stalled for {age:.0f} s: ranks "
+                    f"{next(iter(entry.reqs.values())).kind} of {key[1]!r} stalled for {age:.0f} s: ranks "
                     f"{missing} never submitted it (RING_STALL_SHUTDOWN_TIME_SECONDS reached)",
                     kind="stall",
                 )
@@ -471,56 +499,31 @@ class Coordinator:
                 )
 
 
-def _allreduce_item(req: dict, ps: int) -> dict:
-    return {
-        "k": "allreduce",
-        "ps": ps,
-        "d": req["d"],
-        "o": req["o"],
-        "pre": req["pre"],
-        "post": req["post"],
-        "dev": req["dev"],  # a joined rank makes its zeros on this device type
-        "e": [],
-        "bytes": 0,
-    }
+@dataclass
+class _Fused:
+    """An allreduce item being filled: ops of one dtype/op/scale/device (or one group)."""
+
+    req: Request
+    process_set: int
+    entries: list[Entry] = field(default_factory=list)
+    nbytes: int = 0
+
+    def item(self) -> ResponseItem:
+        r = self.req
+        return ResponseItem(
+            "allreduce",
+            self.process_set,
+            r.dtype,
+            tuple(self.entries),
+            op=r.op,
+            prescale=r.prescale,
+            postscale=r.postscale,
+            device=r.device,  # a joined rank makes its zeros on this device type
+        )
 
 
-def _numel(shape: list[int]) -> int:
+def _numel(shape: tuple[int, ...]) -> int:
     n = 1
     for d in shape:
         n *= d
     return n
-
-
-def _disagreement(name: str, reqs: dict[int, dict]) -> str | None:
-    """A message naming the field and each rank's value when the requests disagree."""
-    ranks = sorted(reqs)
-    kind = reqs[ranks[0]]["k"]
-    labels = {
-        "k": "op kind",
-        "d": "dtype",
-        "o": "reduce op",
-        "r": "root rank",
-        "pre": "prescale_factor",
-        "post": "postscale_factor",
-        "dev": "device",
-        "g": "group",
-        "gn": "group size",
-        "ranks": "process set ranks",
-        "id": "process set",
-    }
-    for f in _AGREE:
-        values = {r: reqs[r].get(f) for r in ranks}
-        if len(set(map(repr, values.values()))) > 1:
-            detail = ", ".join(f"rank {r}: {v}" for r, v in values.items())
-            return f"{kind} of {name!r}: ranks disagree on {labels[f]} ({detail}). Every rank must submit the same {labels[f]} for one name."
-    shapes = {r: tuple(reqs[r]["s"]) for r in ranks}
-    if kind in ("allgather", "alltoall"):
-        trailing = {r: (len(s), s[1:]) for r, s in shapes.items()}
-        if len(set(trailing.values())) > 1:
-            detail = ", ".join(f"rank {r}: {s}" for r, s in shapes.items())
-            return f"{kind} of {name!r}: ranks may differ only in the first dimension, but the shapes are {detail}. Make every dimension after the first agree."
-    elif kind in ("allreduce", "broadcast", "reducescatter") and len(set(shapes.values())) > 1:
-        detail = ", ".join(f"rank {r}: {s}" for r, s in shapes.items())
-        return f"{kind} of {name!r}: ranks disagree on shape ({detail}). Every rank must pass a tensor of the same shape."
-    return None

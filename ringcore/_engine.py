@@ -15,17 +15,34 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from . import _adasum, _gpu
+from . import _adasum
 from ._auth import AuthenticationError
+from ._backends import Backend
+from ._cuda_streams import device_scope, mark_ready
+from ._device_pinning import device_of_type
 from ._errors import CollectiveMismatchError, RendezvousError, RingInternalError
+from ._handle import Handle, dtype_name, wait_handle
 from ._ops import ReduceOp
+from ._protocol import (
+    Abort,
+    CachedRequest,
+    Entry,
+    Goodbye,
+    JoinRequest,
+    Request,
+    RequestBatch,
+    ResponseBatch,
+    ResponseItem,
+)
+from ._reduction import average_, neutral_fill, scale_
 from ._timeline import Timeline
 from ._wire import HANDSHAKE_TIMEOUT_S, connect_handshake
+
+__all__ = ["Engine", "Handle", "dtype_name", "wait_handle"]
 
 log = logging.getLogger("ringtrain.ringcore.engine")
 
@@ -39,39 +56,10 @@ _COLLECTIVE_PHASE = {
 }
 
 
-# The request fields a cached id stands for (shape and splits travel every time).
-_SIGNATURE = ("k", "d", "o", "r", "pre", "post", "dev", "g", "gn")
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-@dataclass
-class Handle:
-    """What ``*_async`` returns: poll it, or ``synchronize`` it for the result."""
-
-    name: str
-    kind: str
-    done: threading.Event = field(default_factory=threading.Event)
-    result: Any = None
-    error: BaseException | None = None
-    # execution state
-    tensor: torch.Tensor | None = None  # the buffer the collective runs on (output)
-    finish: Any = None  # callable(result) -> user result
-    submitted: float = field(default_factory=time.perf_counter)
-    sig: tuple | None = None  # the request's signature, for the response cache
-    event: Any = None  # CUDA: ready on the submitting stream after this event (see _gpu)
-
-    def resolve(self, result: Any = None, error: BaseException | None = None) -> None:
-        self.result, self.error = result, error
-        self.done.set()
-
-
 class Engine:
     def __init__(
         self,
-        backend: Any,
+        backend: Backend,
         rank: int,
         size: int,
         coordinator_addr: tuple[str, int],
@@ -85,6 +73,7 @@ class Engine:
         self.rank, self.size = rank, size
         self.timeline = timeline
         host, port = coordinator_addr
+        self._peer = f"{host}:{port}"
         try:
             sock = socket.create_connection(coordinator_addr, timeout=connect_timeout_s)
             self.channel = connect_handshake(
@@ -104,7 +93,7 @@ class Engine:
         self.groups: dict[int, Any] = {0: None}
         self.members: dict[int, list[int]] = {0: list(range(size))}
         self.counters: dict[str, itertools.count] = {}
-        self.outbox: list[dict] = []
+        self.outbox: list[Request | CachedRequest] = []
         self._send_lock = threading.Lock()
         self._outbox_ready = threading.Condition(self._lock)
         self.cycle_time_s = cycle_time_s
@@ -128,12 +117,12 @@ class Engine:
             counter = self.counters.setdefault(kind, itertools.count())
             return f"{kind}.noname.{next(counter)}"
 
-    def submit(self, handle: Handle, req: dict) -> Handle:
-        """Register ``handle`` and queue ``req`` (its fields: see _coordinator)."""
+    def submit(self, handle: Handle, req: Request) -> Handle:
+        """Register ``handle`` and queue ``req`` for the coordinator."""
         self.submit_many([(handle, req)])
         return handle
 
-    def submit_many(self, items: list[tuple[Handle, dict]]) -> None:
+    def submit_many(self, items: list[tuple[Handle, Request]]) -> None:
         """Register ops and queue their requests for the coordinator.
 
         Requests are not sent one by one: a syscall per op, with the GIL handed back and
@@ -144,14 +133,14 @@ class Engine:
             if self.broken:
                 raise RingInternalError(self.broken)
             for handle, req in items:
-                key = (req.get("ps", 0), handle.name)
+                key = (req.process_set, handle.name)
                 if key in self.pending:
                     raise ValueError(
                         f"an op named {handle.name!r} is already in flight on this rank; wait "
                         "for it or give the new one another name"
                     )
                 self.pending[key] = handle
-                _gpu.mark_ready(handle)
+                mark_ready(handle)
                 self.outbox.append(self._compact(key, req, handle))
             if len(self.outbox) == len(items):  # the outbox was empty: wake the sender
                 self._outbox_ready.notify()
@@ -163,7 +152,7 @@ class Engine:
                 batch, self.outbox = self.outbox, []
             if batch:
                 try:
-                    self.channel.send({"t": "req", "reqs": batch})
+                    self.channel.send(RequestBatch(tuple(batch)).to_wire())
                 except OSError as exc:
                     self._break(f"the coordinator is unreachable ({exc}); rank 0 may have died")
 
@@ -181,16 +170,15 @@ class Engine:
             time.sleep(self.cycle_time_s)  # let a burst of submissions gather
             self.flush()
 
-    def _compact(self, key: tuple[int, str], req: dict, handle: Handle) -> dict:
+    def _compact(
+        self, key: tuple[int, str], req: Request, handle: Handle
+    ) -> Request | CachedRequest:
         """The request as sent: a small cache id once the coordinator has seen it."""
-        sig = tuple(req.get(k) for k in _SIGNATURE)
+        sig = req.signature()
         handle.sig = sig
         cached = self.cache.get(key)
         if cached is not None and cached[1] == sig:
-            short = {"c": cached[0], "n": req["n"], "s": req["s"], "ps": req.get("ps", 0)}
-            if "sp" in req:
-                short["sp"] = req["sp"]
-            return short
+            return req.cached(cached[0])
         return req
 
     def join(self) -> Handle:
@@ -201,7 +189,7 @@ class Engine:
             self.join_handle = handle
         self.flush()  # everything submitted before join() reaches the coordinator first
         with self._send_lock:
-            self.channel.send({"t": "join"})
+            self.channel.send(JoinRequest().to_wire())
         return handle
 
     # -- the engine thread ---------------------------------------------------------
@@ -215,17 +203,24 @@ class Engine:
                         "the coordinator (rank 0) closed its connection: rank 0 died or shut down"
                     )
                     return
-                if msg["t"] == "resp":
+                tag = msg["t"]
+                if tag == ResponseBatch.TAG:
                     self._t_resp = time.perf_counter()
                     self.timeline.cycle(self._t_resp)
                     for item in msg["items"]:
                         self._execute(item)
                     self.timeline.flush()
-                elif msg["t"] == "abort":
+                elif tag == Abort.TAG:
                     self._break(msg["msg"])
                     return
-                elif msg["t"] == "bye":
+                elif tag == Goodbye.TAG:
                     return
+        except OSError as exc:  # reset, or silent past RING_CONTROL_TIMEOUT_SECONDS
+            self._break(
+                f"lost the control connection to the coordinator (rank 0 at {self._peer}): "
+                f"{type(exc).__name__}: {exc}; rank 0's host is down or unreachable, or its "
+                "process died"
+            )
         except Exception as exc:  # never let the thread die silently
             log.exception("engine thread failed")
             self._break(f"the engine thread failed: {type(exc).__name__}: {exc}")
@@ -249,47 +244,51 @@ class Engine:
         with self._lock:
             return self.pending.pop((ps, name), None)
 
-    def _remember(self, ps: int, entries: list[dict]) -> None:
+    def _remember(self, ps: int, entries: tuple[Entry, ...]) -> None:
         with self._lock:
             for e in entries:
-                if e.get("c") is not None and (ps, e["n"]) not in self.cache:
-                    h = self.pending.get((ps, e["n"]))
+                if e.cache_id is not None and (ps, e.name) not in self.cache:
+                    h = self.pending.get((ps, e.name))
                     sig = h.sig if h is not None else None
                     if sig is not None:
-                        self.cache[(ps, e["n"])] = (e["c"], sig)
+                        self.cache[(ps, e.name)] = (e.cache_id, sig)
 
-    def _execute(self, item: dict) -> None:
-        kind, ps = item["k"], item.get("ps", 0)
+    def _execute(self, wire_item: dict) -> None:
+        """Run one response item as it came off the wire (a seam tests wrap)."""
+        item = ResponseItem.from_wire(wire_item)
+        kind, ps = item.kind, item.process_set
         if kind == "join":
             with self._lock:
                 handle, self.join_handle = self.join_handle, None
             if handle is not None:
-                handle.resolve(item["last"])
+                handle.resolve(item.last)
             return
         if kind in ("ps_add", "ps_remove"):
             self._process_set_change(item)
             return
         if self.rank not in self.members.get(ps, []):
             return
-        self._remember(ps, item["e"])
-        handles = [self._take(ps, e["n"]) for e in item["e"]]
+        self._remember(ps, item.entries)
+        handles = [self._take(ps, e.name) for e in item.entries]
         if kind == "error":
             # a stall or a departed peer breaks the ring; a disagreement is the caller's error
             cls = (
-                RingInternalError if item.get("x") in ("stall", "peer") else CollectiveMismatchError
+                RingInternalError
+                if item.error_kind in ("stall", "peer")
+                else CollectiveMismatchError
             )
             for h in handles:
                 if h is not None:
-                    h.resolve(error=cls(item["msg"]))
+                    h.resolve(error=cls(item.message))
             return
         self._kind = kind  # the timeline's row names (engine thread only)
         try:
             run = getattr(self, f"_run_{kind}")
-            with _gpu.device_scope(handles):  # CUDA: on the side stream, after the producers
+            with device_scope(handles):  # CUDA: on the side stream, after the producers
                 run(item, handles)
         except Exception as exc:
             err = RingInternalError(
-                f"{kind} of {[e['n'] for e in item['e']]} failed on rank {self.rank}: "
+                f"{kind} of {[e.name for e in item.entries]} failed on rank {self.rank}: "
                 f"{type(exc).__name__}: {exc}"
             )
             for h in handles:
@@ -318,145 +317,148 @@ class Engine:
 
     # -- the ops ------------------------------------------------------------------
     def _neutral(
-        self, entry: dict, dtype: torch.dtype, op: int, dev: str | None = None
+        self, entry: Entry, dtype: torch.dtype, op: int, dev: str | None = None
     ) -> torch.Tensor:
-        shape = entry["s"]
-        if op == ReduceOp.Min:
-            fill = torch.finfo(dtype).max if dtype.is_floating_point else torch.iinfo(dtype).max
-        elif op == ReduceOp.Max:
-            fill = torch.finfo(dtype).min if dtype.is_floating_point else torch.iinfo(dtype).min
-        elif op == ReduceOp.Product:
-            fill = 1
-        else:
-            fill = 0
-        return torch.full(shape, fill, dtype=dtype, device=_gpu.device_of_type(dev))
+        """A joined rank's contribution to ``entry``: the neutral element of ``op``."""
+        return torch.full(
+            entry.shape, neutral_fill(dtype, op), dtype=dtype, device=device_of_type(dev)
+        )
 
-    def _run_allreduce(self, item: dict, handles: list[Handle | None]) -> None:
+    def _reduce(self, x: torch.Tensor, item: ResponseItem, op: ReduceOp, group: Any) -> None:
+        """The reduction every reducing op shares (allreduce, reducescatter): prescale,
+        the backend's allreduce, Average's division by the set's size, postscale."""
+        scale_(x, item.prescale)
+        self.backend.allreduce(x, op, group)
+        if op == ReduceOp.Average:
+            average_(x, len(self.members[item.process_set]))
+        scale_(x, item.postscale)
+
+    def _run_allreduce(self, item: ResponseItem, handles: list[Handle | None]) -> None:
         t_start = time.perf_counter()
-        op, group = ReduceOp(item["o"]), self.groups[item["ps"]]
-        n = len(self.members[item["ps"]])
-        dtype = getattr(torch, item["d"])
+        op, group = ReduceOp(item.op), self.groups[item.process_set]
+        dtype = getattr(torch, item.dtype)
         bufs: list[torch.Tensor] = [
             h.tensor
             if h is not None and h.tensor is not None
-            else self._neutral(e, dtype, op, item.get("dev"))
-            for h, e in zip(handles, item["e"])
+            else self._neutral(e, dtype, op, item.device)
+            for h, e in zip(handles, item.entries)
         ]
-        for h, e in zip(handles, item["e"]):
-            self._span(h, e["n"], "QUEUE", h.submitted if h else t_start, t_start)
+        for h, e in zip(handles, item.entries):
+            self._span(h, e.name, "QUEUE", h.submitted if h else t_start, t_start)
         if op == ReduceOp.Adasum:
-            for buf, h, e in zip(bufs, handles, item["e"]):
-                t0 = time.perf_counter()
-                _scale(buf, item["pre"])
-                _adasum.adasum_(buf, self.members[item["ps"]], self.rank, self.backend, group)
-                _scale(buf, item["post"])
-                self._span(h, e["n"], "ADASUM", t0, time.perf_counter())
+            self._run_adasum(item, handles, bufs, group)
         else:
-            if len(bufs) == 1:
-                flat, t1 = bufs[0].view(-1), time.perf_counter()
-            else:
-                flat = torch.cat([b.reshape(-1) for b in bufs])
-                t1 = time.perf_counter()
-                for h, e in zip(handles, item["e"]):
-                    self._span(h, e["n"], "MEMCPY_IN_FUSION_BUFFER", t_start, t1)
-            _scale(flat, item["pre"])
-            self.backend.allreduce(flat, op, group)
-            if op == ReduceOp.Average:
-                if flat.dtype.is_floating_point or flat.dtype.is_complex:
-                    flat.div_(n)
-                else:
-                    flat.copy_(torch.div(flat, n, rounding_mode="trunc"))
-            _scale(flat, item["post"])
-            t2 = time.perf_counter()
-            for h, e in zip(handles, item["e"]):
-                self._span(h, e["n"], "ALLREDUCE", t1, t2)
-            if len(bufs) > 1:
-                offset = 0
-                for b in bufs:
-                    b.view(-1).copy_(flat[offset : offset + b.numel()])
-                    offset += b.numel()
-                t3 = time.perf_counter()
-                for h, e in zip(handles, item["e"]):
-                    self._span(h, e["n"], "MEMCPY_OUT_FUSION_BUFFER", t2, t3)
+            self._run_fused(item, handles, bufs, op, group, t_start)
         for h, b in zip(handles, bufs):
             if h is not None:
                 self._finish(h, b)
 
-    def _run_allgather(self, item: dict, handles: list[Handle | None]) -> None:
-        (h,), (e,) = handles, item["e"]
+    def _run_adasum(
+        self, item: ResponseItem, handles: list[Handle | None], bufs: list[torch.Tensor], group: Any
+    ) -> None:
+        for buf, h, e in zip(bufs, handles, item.entries):
+            t0 = time.perf_counter()
+            scale_(buf, item.prescale)
+            _adasum.adasum_(buf, self.members[item.process_set], self.rank, self.backend, group)
+            scale_(buf, item.postscale)
+            self._span(h, e.name, "ADASUM", t0, time.perf_counter())
+
+    def _run_fused(
+        self,
+        item: ResponseItem,
+        handles: list[Handle | None],
+        bufs: list[torch.Tensor],
+        op: ReduceOp,
+        group: Any,
+        t_start: float,
+    ) -> None:
+        """Allreduce ``bufs`` through one flat buffer (the tensor itself when alone)."""
+        if len(bufs) == 1:
+            flat, t1 = bufs[0].view(-1), time.perf_counter()
+        else:
+            flat = torch.cat([b.reshape(-1) for b in bufs])
+            t1 = time.perf_counter()
+            for h, e in zip(handles, item.entries):
+                self._span(h, e.name, "MEMCPY_IN_FUSION_BUFFER", t_start, t1)
+        self._reduce(flat, item, op, group)
+        t2 = time.perf_counter()
+        for h, e in zip(handles, item.entries):
+            self._span(h, e.name, "ALLREDUCE", t1, t2)
+        if len(bufs) > 1:
+            offset = 0
+            for b in bufs:
+                b.view(-1).copy_(flat[offset : offset + b.numel()])
+                offset += b.numel()
+            t3 = time.perf_counter()
+            for h, e in zip(handles, item.entries):
+                self._span(h, e.name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3)
+
+    def _run_allgather(self, item: ResponseItem, handles: list[Handle | None]) -> None:
+        (h,), (e,) = handles, item.entries
         assert h is not None and h.tensor is not None
         t0 = time.perf_counter()
-        self._span(h, e["n"], "QUEUE", h.submitted, t0)
-        out = self.backend.allgather(h.tensor, item["dims"], self.groups[item["ps"]])
-        self._span(h, e["n"], "ALLGATHER", t0, time.perf_counter())
+        self._span(h, e.name, "QUEUE", h.submitted, t0)
+        out = self.backend.allgather(h.tensor, list(item.dims), self.groups[item.process_set])
+        self._span(h, e.name, "ALLGATHER", t0, time.perf_counter())
         self._finish(h, out)
 
-    def _run_broadcast(self, item: dict, handles: list[Handle | None]) -> None:
-        (h,), (e,) = handles, item["e"]
+    def _run_broadcast(self, item: ResponseItem, handles: list[Handle | None]) -> None:
+        (h,), (e,) = handles, item.entries
         assert h is not None and h.tensor is not None
         t0 = time.perf_counter()
-        self._span(h, e["n"], "QUEUE", h.submitted, t0)
-        self.backend.broadcast(
-            h.tensor, item["r"], self.members[item["ps"]], self.groups[item["ps"]]
-        )
-        self._span(h, e["n"], "BROADCAST", t0, time.perf_counter())
+        self._span(h, e.name, "QUEUE", h.submitted, t0)
+        ps = item.process_set
+        self.backend.broadcast(h.tensor, item.root, self.members[ps], self.groups[ps])
+        self._span(h, e.name, "BROADCAST", t0, time.perf_counter())
         self._finish(h, h.tensor)
 
-    def _run_alltoall(self, item: dict, handles: list[Handle | None]) -> None:
-        (h,), (e,) = handles, item["e"]
+    def _run_alltoall(self, item: ResponseItem, handles: list[Handle | None]) -> None:
+        (h,), (e,) = handles, item.entries
         assert h is not None and h.tensor is not None
         t0 = time.perf_counter()
-        self._span(h, e["n"], "QUEUE", h.submitted, t0)
-        members = self.members[item["ps"]]
+        self._span(h, e.name, "QUEUE", h.submitted, t0)
+        members = self.members[item.process_set]
         me = members.index(self.rank)
-        send = item["splits"][me]
-        recv = [row[me] for row in item["splits"]]
-        out = self.backend.alltoall(h.tensor, send, recv, self.groups[item["ps"]])
-        self._span(h, e["n"], "ALLTOALL", t0, time.perf_counter())
+        send = list(item.splits[me])
+        recv = [row[me] for row in item.splits]
+        out = self.backend.alltoall(h.tensor, send, recv, self.groups[item.process_set])
+        self._span(h, e.name, "ALLTOALL", t0, time.perf_counter())
         self._finish(h, (out, torch.tensor(recv, dtype=torch.int64)))
 
-    def _run_reducescatter(self, item: dict, handles: list[Handle | None]) -> None:
-        (h,), (e,) = handles, item["e"]
+    def _run_reducescatter(self, item: ResponseItem, handles: list[Handle | None]) -> None:
+        (h,), (e,) = handles, item.entries
         assert h is not None and h.tensor is not None
         t0 = time.perf_counter()
-        self._span(h, e["n"], "QUEUE", h.submitted, t0)
-        members = self.members[item["ps"]]
+        self._span(h, e.name, "QUEUE", h.submitted, t0)
+        members = self.members[item.process_set]
         n, me = len(members), members.index(self.rank)
-        x, op = h.tensor, ReduceOp(item["o"])
-        rows = x.shape[0]
-        base, extra = divmod(rows, n)
-        _scale(x, item["pre"])
-        self.backend.allreduce(x, op, self.groups[item["ps"]])
-        if op == ReduceOp.Average:
-            if x.dtype.is_floating_point:
-                x.div_(n)
-            else:
-                x.copy_(torch.div(x, n, rounding_mode="trunc"))
-        _scale(x, item["post"])
+        x = h.tensor
+        base, extra = divmod(x.shape[0], n)
+        self._reduce(x, item, ReduceOp(item.op), self.groups[item.process_set])
         start = me * base + min(me, extra)
         out = x[start : start + base + (1 if me < extra else 0)].clone()
-        self._span(h, e["n"], "REDUCESCATTER", t0, time.perf_counter())
+        self._span(h, e.name, "REDUCESCATTER", t0, time.perf_counter())
         self._finish(h, out)
 
-    def _run_barrier(self, item: dict, handles: list[Handle | None]) -> None:
-        self.backend.barrier(self.groups[item["ps"]])
+    def _run_barrier(self, item: ResponseItem, handles: list[Handle | None]) -> None:
+        self.backend.barrier(self.groups[item.process_set])
         for h in handles:
             if h is not None:
                 self._finish(h, None)
 
-    def _process_set_change(self, item: dict) -> None:
-        handle = self._take(0, item["e"][0]["n"])
+    def _process_set_change(self, item: ResponseItem) -> None:
+        handle = self._take(0, item.entries[0].name)
         try:
-            if item["k"] == "ps_add":
-                ranks = item["ranks"]
-                if item["id"] not in self.groups:
+            if item.kind == "ps_add":
+                ranks = list(item.ranks)
+                if item.set_id not in self.groups:
                     # every rank creates every group, in the coordinator's order
-                    self.groups[item["id"]] = self.backend.new_group(ranks, self.size)
-                    self.members[item["id"]] = ranks
-                result: Any = item["id"]
+                    self.groups[item.set_id] = self.backend.new_group(ranks, self.size)
+                    self.members[item.set_id] = ranks
+                result: Any = item.set_id
             else:
-                self.groups.pop(item["id"], None)
-                self.members.pop(item["id"], None)
+                self.groups.pop(item.set_id, None)
+                self.members.pop(item.set_id, None)
                 result = None
         except Exception as exc:
             if handle is not None:
@@ -470,28 +472,8 @@ class Engine:
         if not self.closed.is_set():
             self.flush()
             with contextlib.suppress(OSError), self._send_lock:
-                self.channel.send({"t": "bye"})
+                self.channel.send(Goodbye().to_wire())
             self.closed.wait(timeout_s)
         with self._lock:
             self._outbox_ready.notify_all()
         self.channel.close()
-
-
-def wait_handle(handle: Any) -> None:
-    """Wait for a handle of the running engine, sending its queued requests first."""
-    if handle.done.is_set():
-        return
-    from ._runtime import _state
-
-    if _state is not None and _state.engine is not None:
-        _state.engine.flush()
-    handle.done.wait()
-
-
-def _scale(tensor: torch.Tensor, factor: float) -> None:
-    if factor == 1.0:
-        return
-    if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
-        tensor.mul_(factor)
-    else:  # integers scale as Horovod's C++ core does: multiply, truncate
-        tensor.copy_((tensor.to(torch.float64) * factor).trunc().to(tensor.dtype))

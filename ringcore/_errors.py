@@ -9,7 +9,7 @@
     ├── CollectiveMismatchError    ranks disagree on a collective (shape, dtype, op, root);
     │                              also a RuntimeError (as Horovod) and a ValueError
     ├── WorkerError                a worker raised; carries its rank, host and traceback
-    ├── GpuUnavailableError        GPU work asked for without a usable CUDA device (in _gpu)
+    ├── GpuUnavailableError        GPU work asked for without a usable CUDA device (in launch)
     └── StackError                 installed packages that do not work together
 
 Every exception pickles with its fields intact (``__reduce__``) so that a worker's

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import _state
+from ._protocol import Request
+
 __all__ = [
     "ProcessSet",
     "add_process_set",
@@ -31,19 +34,15 @@ class ProcessSet:
         self.process_set_id: int | None = 0 if ranks is None else None
 
     def _members(self) -> list[int]:
-        from ._runtime import size
-
-        return list(range(size())) if self.ranks is None else self.ranks
+        return list(range(_state.size())) if self.ranks is None else self.ranks
 
     def size(self) -> int:
         return len(self._members())
 
     def rank(self) -> int:
         """This process's rank within the set (-1 when it is not a member)."""
-        from ._runtime import rank
-
-        members = self._members()
-        return members.index(rank()) if rank() in members else -1
+        members, me = self._members(), _state.rank()
+        return members.index(me) if me in members else -1
 
     def included(self) -> bool:
         return self.rank() >= 0
@@ -68,8 +67,6 @@ global_process_set = ProcessSet()
 
 def check_process_set(process_set: ProcessSet | None, what: str = "this op") -> int:
     """The set's id, after checking that it is registered and this rank is in it."""
-    from ._runtime import rank
-
     ps = process_set if process_set is not None else global_process_set
     if not isinstance(ps, ProcessSet):
         raise TypeError(f"process_set must be a ProcessSet, got {type(ps).__name__}")
@@ -78,32 +75,29 @@ def check_process_set(process_set: ProcessSet | None, what: str = "this op") -> 
             f"{ps!r} is not registered; pass it to init(process_sets=[...]) or call "
             "add_process_set() on every rank (with dynamic process sets enabled)."
         )
-    if ps.ranks is not None and rank() not in ps.ranks:
-        raise ValueError(f"rank {rank()} is not in {ps!r}, so it cannot run {what} on it")
+    if ps.ranks is not None and _state.rank() not in ps.ranks:
+        raise ValueError(f"rank {_state.rank()} is not in {ps!r}, so it cannot run {what} on it")
     return ps.process_set_id
 
 
 def register_process_set(ps: ProcessSet | list[int]) -> ProcessSet:
     """Create the set's backend group on every rank (a collective: every rank calls it,
     in the same order) and give it an id."""
-    from ._runtime import size
-
+    size = _state.size
     ps = ps if isinstance(ps, ProcessSet) else ProcessSet(list(ps))
     if ps.ranks is None:
         return global_process_set
     bad = [r for r in ps.ranks if not 0 <= r < size()]
     if bad or not ps.ranks:
         raise ValueError(f"{ps!r}: ranks must be non-empty and in [0, {size()}), got {ps.ranks}")
-    ps.process_set_id = int(_control_op("ps_add", ranks=ps.ranks))
+    ps.process_set_id = int(_control_op("ps_add", ranks=tuple(ps.ranks)))
     return ps
 
 
 def add_process_set(process_set: ProcessSet | list[int]) -> ProcessSet:
     """Register a new process set after init(); needs dynamic process sets
     (``init(process_sets="dynamic")`` or ``RING_DYNAMIC_PROCESS_SETS=1``)."""
-    from ._runtime import dynamic_process_sets_enabled
-
-    if not dynamic_process_sets_enabled():
+    if not _state.dynamic_process_sets_enabled():
         raise ValueError(
             "add_process_set needs dynamic process sets: call init(process_sets='dynamic') or set "
             "RING_DYNAMIC_PROCESS_SETS=1 (or list the sets in init(process_sets=[...]))."
@@ -113,15 +107,13 @@ def add_process_set(process_set: ProcessSet | list[int]) -> ProcessSet:
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Remove a registered set on every rank (a collective). Returns False for the global set."""
-    from ._runtime import dynamic_process_sets_enabled
-
     if process_set.ranks is None or process_set.process_set_id in (None, 0):
         return False
-    if not dynamic_process_sets_enabled():
+    if not _state.dynamic_process_sets_enabled():
         raise ValueError(
             "remove_process_set needs dynamic process sets (init(process_sets='dynamic'))."
         )
-    _control_op("ps_remove", id=process_set.process_set_id)
+    _control_op("ps_remove", set_id=process_set.process_set_id)
     process_set.process_set_id = None
     return True
 
@@ -129,25 +121,11 @@ def remove_process_set(process_set: ProcessSet) -> bool:
 def _control_op(kind: str, **fields: Any) -> Any:
     """Run a process-set change through the engine, so every rank applies it at the
     same point of the op order; returns its result."""
-    from ._engine import Handle, wait_handle
-    from ._runtime import engine
+    from ._handle import Handle, wait_handle  # torch: imported only once a job runs
 
-    eng = engine()
+    eng = _state.engine()
     name = eng.auto_name(kind)
-    request = {
-        "n": name,
-        "k": kind,
-        "d": "",
-        "s": [],
-        "ps": 0,
-        "o": 0,
-        "r": 0,
-        "pre": 1.0,
-        "post": 1.0,
-        "dev": "",
-        **fields,
-    }
-    handle = eng.submit(Handle(name, kind), request)
+    handle = eng.submit(Handle(name, kind), Request(name, kind, **fields))
     wait_handle(handle)
     if handle.error is not None:
         raise handle.error

@@ -12,16 +12,17 @@ import pytest
 import torch
 
 import ringcore
-from ringcore._backends import HostStaged, TorchDistBackend, torch_backend
-from ringcore._gpu import (
+from ringcore._backend_choice import choose_backend
+from ringcore._device_pinning import (
     GpuUnavailableError,
     check_use_gpu,
-    choose_backend,
     device_index,
     device_of_type,
     pin_gpu,
 )
+from ringcore._host_staged import HostStaged
 from ringcore._ops import ReduceOp
+from ringcore._torch_backend import TorchDistBackend, torch_backend
 from ringcore.testing import run_workers
 
 HAS_CUDA = torch.cuda.is_available()

@@ -71,7 +71,7 @@ class Broadcast(torch.autograd.Function):
                 grad.contiguous(), None, None, ReduceOp.Average, 1.0, 1.0, ctx.process_set
             )
         )
-        from .._runtime import rank
+        from .._state import rank
 
         if rank() != ctx.root_rank:
             reduced = reduced * 0

@@ -18,11 +18,12 @@ import cloudpickle
 import torch
 
 from .._adasum import is_power_of_two
-from .._engine import Handle, dtype_name, wait_handle
-from .._gpu import join_streams
+from .._cuda_streams import join_streams
+from .._handle import Handle, dtype_name, wait_handle
 from .._ops import ReduceOp, resolve_op
 from .._process_sets import ProcessSet, check_process_set, global_process_set
-from .._runtime import engine, rank, size
+from .._protocol import Request
+from .._state import engine, rank, size
 from ._compression import Compression, Compressor
 
 __all__ = [
@@ -116,21 +117,17 @@ def _wire(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.is_contiguous() else tensor.detach().contiguous()
 
 
-def _request(kind: str, name: str, tensor: torch.Tensor, ps: int, **extra: Any) -> dict:
-    req = {
-        "n": name,
-        "k": kind,
-        "d": dtype_name(tensor.dtype),
-        "s": list(tensor.shape),
-        "ps": ps,
-        "o": 0,
-        "r": -1,
-        "pre": 1.0,
-        "post": 1.0,
-        "dev": tensor.device.type,
-    }
-    req.update(extra)
-    return req
+def _request(kind: str, name: str, tensor: torch.Tensor, ps: int, **extra: Any) -> Request:
+    """The request for an op on ``tensor``; ``extra``: the kind's fields (op, root, ...)."""
+    return Request(
+        name,
+        kind,
+        dtype=dtype_name(tensor.dtype),
+        shape=tuple(tensor.shape),
+        process_set=ps,
+        device=tensor.device.type,
+        **extra,
+    )
 
 
 def _into(tensor: torch.Tensor):
@@ -165,9 +162,13 @@ def _allreduce_req(
             raise TypeError(f"op=Adasum needs a floating-point tensor, got {tensor.dtype}")
     if tensor.dtype == torch.bool and op not in (ReduceOp.Min, ReduceOp.Max):
         raise TypeError(f"allreduce of a bool tensor supports op=Min or Max, not {op.name}")
-    extra = {"o": int(op), "pre": float(prescale_factor), "post": float(postscale_factor)}
+    extra: dict[str, Any] = {
+        "op": int(op),
+        "prescale": float(prescale_factor),
+        "postscale": float(postscale_factor),
+    }
     if group is not None:
-        extra.update(g=group[0], gn=group[1])
+        extra.update(group=group[0], group_size=group[1])
     return _request("allreduce", name, tensor, ps, **extra)
 
 
@@ -180,7 +181,12 @@ def allreduce_async_(
     postscale_factor=1.0,
     process_set: ProcessSet = global_process_set,
 ) -> int:
-    """Start an in-place allreduce of ``tensor``; returns a handle."""
+    """Start an in-place allreduce of ``tensor`` over the ranks of ``process_set``.
+
+    ``op`` is the reduction (Average by default; ``average=`` is Horovod's deprecated
+    spelling of it), scaled by ``prescale_factor`` before and ``postscale_factor``
+    after. ``name`` must be the same on every rank (unnamed ops are numbered in call
+    order). Returns a handle; ``synchronize(handle)`` returns ``tensor``, reduced."""
     rop = resolve_op(average, op)
     eng = engine()
     name = name or eng.auto_name("allreduce")
@@ -201,7 +207,10 @@ def allreduce_async(
     postscale_factor=1.0,
     process_set: ProcessSet = global_process_set,
 ) -> int:
-    """Start an allreduce into a new tensor; returns a handle."""
+    """Start an allreduce of ``tensor`` into a new tensor; ``tensor`` is left as it is.
+
+    Arguments as :func:`allreduce_async_`. Returns a handle; ``synchronize(handle)``
+    returns the reduced tensor (same shape and dtype as ``tensor``)."""
     rop = resolve_op(average, op)
     eng = engine()
     name = name or eng.auto_name("allreduce")
@@ -224,7 +233,13 @@ def allreduce(
     postscale_factor=1.0,
     process_set: ProcessSet = global_process_set,
 ):
-    """The reduction of ``tensor`` over all ranks (Average by default), as a new tensor."""
+    """The reduction of ``tensor`` over the ranks of ``process_set``, as a new tensor.
+
+    ``op``: Average (default), Sum, Min, Max, Product or Adasum (``average=`` is the
+    deprecated spelling); ``compression`` compresses it for the wire (e.g.
+    ``Compression.fp16``); ``prescale_factor`` / ``postscale_factor`` scale it before
+    and after. Differentiable: the gradient is the allreduce of the gradient.
+    Blocks until every rank of the set has submitted ``name``."""
     _check_tensor(tensor, "allreduce")
     if _autograd().differentiable(tensor) and compression is Compression.none:
         return _autograd().Allreduce.apply(
@@ -248,7 +263,9 @@ def allreduce_(
     postscale_factor=1.0,
     process_set: ProcessSet = global_process_set,
 ):
-    """Reduce ``tensor`` in place and return it."""
+    """Reduce ``tensor`` in place over the ranks of ``process_set`` and return it.
+
+    Arguments as :func:`allreduce_async_`; blocks until the reduction is done."""
     return synchronize(
         allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
     )
@@ -325,6 +342,12 @@ def grouped_allreduce_async(
     postscale_factor=1.0,
     process_set: ProcessSet = global_process_set,
 ) -> int:
+    """Start allreduces of a list of tensors that run as one fused unit.
+
+    Every tensor of ``tensors`` is reduced with the same ``op`` and scale factors (see
+    :func:`allreduce_async`), and they are negotiated and fused together: the group
+    runs when every rank has submitted all of it. Returns one handle;
+    ``synchronize(handle)`` returns the list of reduced tensors (new tensors)."""
     return _grouped_allreduce_async(
         tensors, average, name, op, prescale_factor, postscale_factor, process_set, False
     )
@@ -339,6 +362,10 @@ def grouped_allreduce_async_(
     postscale_factor=1.0,
     process_set: ProcessSet = global_process_set,
 ) -> int:
+    """Start in-place allreduces of a list of tensors that run as one fused unit.
+
+    As :func:`grouped_allreduce_async`, but each tensor is reduced in place;
+    ``synchronize(handle)`` returns the list ``tensors``, reduced."""
     return _grouped_allreduce_async(
         tensors, average, name, op, prescale_factor, postscale_factor, process_set, True
     )
@@ -354,7 +381,10 @@ def grouped_allreduce(
     postscale_factor=1.0,
     process_set: ProcessSet = global_process_set,
 ):
-    """Reduce a list of tensors as one fused unit; returns new tensors."""
+    """Reduce a list of tensors as one fused unit; returns a list of new tensors.
+
+    Arguments as :func:`allreduce` (one ``op``, ``compression`` and scale factors for
+    every tensor). Differentiable. Blocks until the whole group is reduced."""
     if _autograd().any_differentiable(tensors) and compression is Compression.none:
         return list(
             _autograd().GroupedAllreduce.apply(
@@ -385,6 +415,9 @@ def grouped_allreduce_(
     postscale_factor=1.0,
     process_set: ProcessSet = global_process_set,
 ):
+    """Reduce a list of tensors in place as one fused unit; returns ``tensors``.
+
+    Arguments as :func:`grouped_allreduce_async_`; blocks until the group is done."""
     return synchronize(
         grouped_allreduce_async_(
             tensors, average, name, op, prescale_factor, postscale_factor, process_set
@@ -396,6 +429,12 @@ def grouped_allreduce_(
 
 
 def allgather_async(tensor, name=None, process_set: ProcessSet = global_process_set) -> int:
+    """Start an allgather: every rank's ``tensor`` concatenated along dimension 0.
+
+    The first dimension may differ between ranks; every other dimension, and the
+    dtype, must agree. ``tensor`` needs at least one dimension. Returns a handle;
+    ``synchronize(handle)`` returns the concatenation, in rank order of
+    ``process_set``."""
     _check_tensor(tensor, "allgather")
     if tensor.dim() == 0:
         raise ValueError(
@@ -413,7 +452,11 @@ def allgather_async(tensor, name=None, process_set: ProcessSet = global_process_
 
 
 def allgather(tensor, name=None, process_set: ProcessSet = global_process_set):
-    """Concatenate every rank's tensor along dim 0 (first dimensions may differ)."""
+    """Every rank's ``tensor`` of ``process_set``, concatenated along dimension 0.
+
+    The first dimension may differ between ranks; the others must agree.
+    Differentiable (the gradient: this rank's rows of the averaged gradient).
+    Returns a new tensor; blocks until every rank has submitted ``name``."""
     if _autograd().differentiable(tensor):
         return _autograd().Allgather.apply(tensor, name, process_set)
     return synchronize(allgather_async(tensor, name, process_set))
@@ -422,6 +465,10 @@ def allgather(tensor, name=None, process_set: ProcessSet = global_process_set):
 def grouped_allgather_async(
     tensors, name=None, process_set: ProcessSet = global_process_set
 ) -> int:
+    """Start an allgather of each tensor of ``tensors`` (named ``<name>.<i>``).
+
+    Returns one handle; ``synchronize(handle)`` returns the list of gathered tensors,
+    as :func:`allgather_async` gives each."""
     eng = engine()
     base = name or eng.auto_name("grouped_allgather")
     hs = [
@@ -443,7 +490,10 @@ def synchronize_later(handle: int) -> Handle:
 
 
 def grouped_allgather(tensors, name=None, process_set: ProcessSet = global_process_set):
-    """Allgather each tensor of the list (first dimensions may differ per rank)."""
+    """Allgather each tensor of ``tensors``; returns the list of gathered tensors.
+
+    As :func:`allgather` for each (first dimensions may differ per rank).
+    Differentiable."""
     if _autograd().any_differentiable(tensors):
         return list(_autograd().GroupedAllgather.apply(name, process_set, *tensors))
     return synchronize(grouped_allgather_async(tensors, name, process_set))
@@ -452,6 +502,11 @@ def grouped_allgather(tensors, name=None, process_set: ProcessSet = global_proce
 def broadcast_async_(
     tensor, root_rank, name=None, process_set: ProcessSet = global_process_set
 ) -> int:
+    """Start an in-place broadcast: ``tensor`` becomes rank ``root_rank``'s ``tensor``.
+
+    ``root_rank`` is a global rank and must be a member of ``process_set``; shape and
+    dtype must agree on every rank. Returns a handle; ``synchronize(handle)`` returns
+    ``tensor``, overwritten with the root's values (the root's is unchanged)."""
     _check_tensor(tensor, "broadcast")
     ps = check_process_set(process_set, "broadcast")
     members = (
@@ -467,22 +522,33 @@ def broadcast_async_(
     name = name or eng.auto_name("broadcast")
     wire = _wire(tensor)
 
-    req = _request("broadcast", name, tensor, ps, r=int(root_rank))
+    req = _request("broadcast", name, tensor, ps, root=int(root_rank))
     return _register(eng.submit(Handle(name, "broadcast", tensor=wire, finish=_into(tensor)), req))
 
 
 def broadcast_async(
     tensor, root_rank, name=None, process_set: ProcessSet = global_process_set
 ) -> int:
+    """Start a broadcast of rank ``root_rank``'s ``tensor`` into a new tensor.
+
+    Arguments as :func:`broadcast_async_`; ``tensor`` is left as it is.
+    ``synchronize(handle)`` returns a new tensor holding the root's values."""
     return broadcast_async_(tensor.detach().clone(), root_rank, name, process_set)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set: ProcessSet = global_process_set):
+    """Overwrite ``tensor`` with rank ``root_rank``'s ``tensor``, in place; returns it.
+
+    Arguments as :func:`broadcast_async_`; blocks until the broadcast is done."""
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
 
 
 def broadcast(tensor, root_rank, name=None, process_set: ProcessSet = global_process_set):
-    """Rank ``root_rank``'s ``tensor``, on every rank, as a new tensor."""
+    """Rank ``root_rank``'s ``tensor``, on every rank of ``process_set``, as a new tensor.
+
+    ``root_rank`` is a global rank of the set; shape and dtype must agree on every
+    rank. Differentiable (the gradient: the averaged gradient on the root, zeros
+    elsewhere). Blocks until done."""
     if _autograd().differentiable(tensor):
         return _autograd().Broadcast.apply(tensor, root_rank, name, process_set)
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
@@ -491,6 +557,12 @@ def broadcast(tensor, root_rank, name=None, process_set: ProcessSet = global_pro
 def alltoall_async(
     tensor, splits=None, name=None, process_set: ProcessSet = global_process_set
 ) -> int:
+    """Start an alltoall: send ``splits[i]`` rows of ``tensor`` to the i-th rank of the set.
+
+    ``splits`` (a list or 1-D tensor, one non-negative entry per rank of
+    ``process_set``, summing to ``tensor.shape[0]``); None splits dimension 0 evenly.
+    Returns a handle; ``synchronize(handle)`` returns the rows received from every
+    rank, in rank order, and also the received splits when ``splits`` was given."""
     _check_tensor(tensor, "alltoall")
     ps = check_process_set(process_set, "alltoall")
     n = process_set.size() if process_set is not None else size()
@@ -517,13 +589,17 @@ def alltoall_async(
     def finish(res):
         return (res[0].to(dtype), res[1]) if want_splits else res[0].to(dtype)
 
-    req = _request("alltoall", name, tensor, ps, sp=send)
+    req = _request("alltoall", name, tensor, ps, splits=tuple(send))
     return _register(eng.submit(Handle(name, "alltoall", tensor=_wire(tensor), finish=finish), req))
 
 
 def alltoall(tensor, splits=None, name=None, process_set: ProcessSet = global_process_set):
-    """Send ``splits[i]`` rows to rank i; as Horovod, returns the received tensor, and
-    also the received splits when ``splits`` was given."""
+    """Send ``splits[i]`` rows of ``tensor`` to the i-th rank of ``process_set``.
+
+    ``splits``: one entry per rank summing to ``tensor.shape[0]`` (None: even parts).
+    As Horovod, returns the received tensor (rows from every rank, in rank order),
+    and also the received splits as an int64 tensor when ``splits`` was given.
+    Differentiable. Blocks until done."""
     if _autograd().differentiable(tensor):
         out, received = _autograd().Alltoall.apply(tensor, splits, name, process_set)
         return out if splits is None else (out, received)
@@ -538,6 +614,12 @@ def reducescatter_async(
     prescale_factor=1.0,
     postscale_factor=1.0,
 ) -> int:
+    """Start a reducescatter: reduce ``tensor`` over the set, keep this rank's slice.
+
+    ``op``: Average (default), Sum, Min, Max or Product; ``prescale_factor`` /
+    ``postscale_factor`` scale before and after. Dimension 0 is split as Horovod
+    splits it: the first ``rows % size`` ranks get one row more. Returns a handle;
+    ``synchronize(handle)`` returns this rank's slice of the reduction."""
     _check_tensor(tensor, "reducescatter")
     if tensor.dim() == 0:
         raise ValueError("reducescatter needs a tensor with at least one dimension")
@@ -556,9 +638,9 @@ def reducescatter_async(
         name,
         tensor,
         ps,
-        o=int(rop),
-        pre=float(prescale_factor),
-        post=float(postscale_factor),
+        op=int(rop),
+        prescale=float(prescale_factor),
+        postscale=float(postscale_factor),
     )
     return _register(
         eng.submit(
@@ -579,8 +661,11 @@ def reducescatter(
     prescale_factor=1.0,
     postscale_factor=1.0,
 ):
-    """Reduce across ranks, keep this rank's slice of dim 0 (the first ``rows % size``
-    ranks get one row more, as Horovod splits)."""
+    """The reduction of ``tensor`` over ``process_set``, this rank's slice of dimension 0.
+
+    ``op``: Average (default), Sum, Min, Max or Product; ``compression`` for the wire;
+    the first ``rows % size`` ranks get one row more, as Horovod splits.
+    Differentiable (the gradient is an allgather). Returns a new tensor."""
     if _autograd().differentiable(tensor) and compression is Compression.none:
         return _autograd().Reducescatter.apply(
             tensor, name, op, process_set, prescale_factor, postscale_factor
@@ -600,6 +685,10 @@ def grouped_reducescatter_async(
     prescale_factor=1.0,
     postscale_factor=1.0,
 ) -> int:
+    """Start a reducescatter of each tensor of ``tensors`` (named ``<name>.<i>``).
+
+    Arguments as :func:`reducescatter_async`. Returns one handle;
+    ``synchronize(handle)`` returns the list of this rank's slices."""
     eng = engine()
     base = name or eng.auto_name("grouped_reducescatter")
     hs = [
@@ -622,7 +711,10 @@ def grouped_reducescatter(
     prescale_factor=1.0,
     postscale_factor=1.0,
 ):
-    """Reducescatter each tensor of the list; returns this rank's slices."""
+    """Reducescatter each tensor of ``tensors``; returns the list of this rank's slices.
+
+    Arguments as :func:`reducescatter` (one ``op``, ``compression`` and scale
+    factors for every tensor). Differentiable."""
     if _autograd().any_differentiable(tensors) and compression is Compression.none:
         return list(
             _autograd().GroupedReducescatter.apply(
@@ -642,24 +734,11 @@ def grouped_reducescatter(
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
+    """Block until every rank of ``process_set`` has called ``barrier``; returns None."""
     ps = check_process_set(process_set, "barrier")
     eng = engine()
     name = eng.auto_name("barrier")
-    h = eng.submit(
-        Handle(name, "barrier"),
-        {
-            "n": name,
-            "k": "barrier",
-            "d": "",
-            "s": [],
-            "ps": ps,
-            "o": 0,
-            "r": -1,
-            "pre": 1.0,
-            "post": 1.0,
-            "dev": "",
-        },
-    )
+    h = eng.submit(Handle(name, "barrier"), Request(name, "barrier", process_set=ps))
     synchronize(_register(h))
 
 

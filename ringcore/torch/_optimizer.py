@@ -27,7 +27,7 @@ import torch
 
 from .._ops import ReduceOp
 from .._process_sets import ProcessSet, check_process_set, global_process_set
-from .._runtime import size
+from .._state import size
 from ._collectives import allreduce_async_, discard, grouped_allreduce_async_, synchronize
 from ._compression import Compression, Compressor
 from ._sparse import sparse_allreduce_async

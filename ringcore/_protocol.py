@@ -1,0 +1,414 @@
+"""The control protocol between every rank's engine and rank 0's coordinator.
+
+A rank sends a :class:`Request` per op it submits (or, once the coordinator has
+cached it, a :class:`CachedRequest`: the cache id and what changes per call); the
+coordinator answers every rank with the same ordered list of :class:`ResponseItem`.
+Around them travel the control messages :class:`RequestBatch`, :class:`JoinRequest`,
+:class:`Goodbye` (both ways), :class:`ResponseBatch` and :class:`Abort`.
+
+The values are typed; the one-letter keys of the JSON frames (``_wire``) exist only
+at the edge, in ``to_wire()`` / ``from_wire()``. :data:`AGREE_FIELDS` is the one
+place that says which request fields every rank must submit alike, under which
+label a mismatch is reported, and what a cache id stands for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "AGREE_FIELDS",
+    "DEFAULT_ROOT",
+    "Abort",
+    "AgreeField",
+    "CachedRequest",
+    "Entry",
+    "Goodbye",
+    "JoinRequest",
+    "Request",
+    "RequestBatch",
+    "ResponseBatch",
+    "ResponseItem",
+    "decode_message",
+    "decode_request",
+    "disagreement",
+]
+
+# The root of an op that has none (every op but broadcast): one value for every builder.
+DEFAULT_ROOT = -1
+CONTROL_KINDS = ("ps_add", "ps_remove")  # process-set changes, applied by every rank
+
+
+@dataclass(frozen=True)
+class AgreeField:
+    """A request field every rank must submit alike: its attribute, wire key and the
+    label a mismatch message names it by."""
+
+    attr: str
+    key: str
+    label: str
+
+
+AGREE_FIELDS: tuple[AgreeField, ...] = (
+    AgreeField("kind", "k", "op kind"),
+    AgreeField("dtype", "d", "dtype"),
+    AgreeField("op", "o", "reduce op"),
+    AgreeField("root", "r", "root rank"),
+    AgreeField("prescale", "pre", "prescale_factor"),
+    AgreeField("postscale", "post", "postscale_factor"),
+    AgreeField("device", "dev", "device"),
+    AgreeField("group", "g", "group"),
+    AgreeField("group_size", "gn", "group size"),
+    AgreeField("ranks", "ranks", "process set ranks"),
+    AgreeField("set_id", "id", "process set"),
+)
+
+
+def _listed(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _tupled(value: Any) -> Any:
+    return None if value is None else tuple(value)
+
+
+def _build(cls: type, fields: dict[str, Any]) -> Any:
+    """A frozen value of ``cls`` holding ``fields`` (every field, already decoded),
+    without ``__init__``'s one ``object.__setattr__`` per field: negotiation decodes
+    thousands of requests and entries per step, and this is several times faster."""
+    obj: Any = object.__new__(cls)
+    obj.__dict__.update(fields)
+    return obj
+
+
+@dataclass(frozen=True)
+class Request:
+    """One op as a rank submits it. ``shape`` and ``splits`` may differ per call and
+    per rank (within the op's rules); the :data:`AGREE_FIELDS` may not."""
+
+    name: str
+    kind: str
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+    process_set: int = 0
+    op: int = 0
+    root: int = DEFAULT_ROOT
+    prescale: float = 1.0
+    postscale: float = 1.0
+    device: str = ""
+    group: str | None = None  # grouped allreduce: the group's id ...
+    group_size: int | None = None  # ... and its number of tensors
+    splits: tuple[int, ...] | None = None  # alltoall: rows sent to each member
+    ranks: tuple[int, ...] | None = None  # ps_add: the new set's ranks
+    set_id: int | None = None  # ps_remove: the set's id
+
+    def signature(self) -> tuple:
+        """What a cache id stands for: the values of :data:`AGREE_FIELDS`."""
+        return tuple(getattr(self, f.attr) for f in AGREE_FIELDS)
+
+    def cached(self, cache_id: int) -> CachedRequest:
+        """This request as sent once the coordinator knows it under ``cache_id``."""
+        return CachedRequest(cache_id, self.name, self.shape, self.process_set, self.splits)
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = {
+            "n": self.name,
+            "k": self.kind,
+            "d": self.dtype,
+            "s": list(self.shape),
+            "ps": self.process_set,
+            "o": self.op,
+            "r": self.root,
+            "pre": self.prescale,
+            "post": self.postscale,
+            "dev": self.device,
+        }
+        if self.group is not None:
+            wire["g"], wire["gn"] = self.group, self.group_size
+        if self.splits is not None:
+            wire["sp"] = list(self.splits)
+        if self.ranks is not None:
+            wire["ranks"] = list(self.ranks)
+        if self.set_id is not None:
+            wire["id"] = self.set_id
+        return wire
+
+    @classmethod
+    def from_wire(cls, wire: dict[str, Any]) -> Request:
+        return _build(
+            cls,
+            {
+                "name": wire["n"],
+                "kind": wire["k"],
+                "dtype": wire.get("d", ""),
+                "shape": tuple(wire.get("s", ())),
+                "process_set": wire.get("ps", 0),
+                "op": wire.get("o", 0),
+                "root": wire.get("r", DEFAULT_ROOT),
+                "prescale": wire.get("pre", 1.0),
+                "postscale": wire.get("post", 1.0),
+                "device": wire.get("dev", ""),
+                "group": wire.get("g"),
+                "group_size": wire.get("gn"),
+                "splits": _tupled(wire.get("sp")),
+                "ranks": _tupled(wire.get("ranks")),
+                "set_id": wire.get("id"),
+            },
+        )
+
+
+@dataclass(frozen=True)
+class CachedRequest:
+    """A request the coordinator has cached: its id plus the fields a call may change."""
+
+    cache_id: int
+    name: str
+    shape: tuple[int, ...]
+    process_set: int = 0
+    splits: tuple[int, ...] | None = None
+
+    def expand(self, template: Request) -> Request:
+        """The full request: the cached ``template`` with this call's name, shape, splits."""
+        fields = dict(template.__dict__)
+        fields.update(
+            name=self.name, shape=self.shape, process_set=self.process_set, splits=self.splits
+        )
+        return _build(Request, fields)
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = {
+            "c": self.cache_id,
+            "n": self.name,
+            "s": list(self.shape),
+            "ps": self.process_set,
+        }
+        if self.splits is not None:
+            wire["sp"] = list(self.splits)
+        return wire
+
+    @classmethod
+    def from_wire(cls, wire: dict[str, Any]) -> CachedRequest:
+        return _build(
+            cls,
+            {
+                "cache_id": wire["c"],
+                "name": wire["n"],
+                "shape": tuple(wire.get("s", ())),
+                "process_set": wire.get("ps", 0),
+                "splits": _tupled(wire.get("sp")),
+            },
+        )
+
+
+def decode_request(wire: dict[str, Any]) -> Request | CachedRequest:
+    return CachedRequest.from_wire(wire) if "c" in wire else Request.from_wire(wire)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One named op of a response item (a fused allreduce has several)."""
+
+    name: str
+    shape: tuple[int, ...] = ()
+    cache_id: int | None = None
+
+
+@dataclass(frozen=True)
+class ResponseItem:
+    """One thing every rank runs, in the coordinator's order: an op on ``entries``, a
+    process-set change, the end of a join, or an error for ``entries``."""
+
+    kind: str
+    process_set: int = 0
+    dtype: str = ""
+    entries: tuple[Entry, ...] = ()
+    op: int = 0
+    prescale: float = 1.0
+    postscale: float = 1.0
+    device: str = ""
+    root: int = DEFAULT_ROOT
+    dims: tuple[int, ...] = ()  # allgather: every member's first dimension
+    splits: tuple[tuple[int, ...], ...] = ()  # alltoall: every member's send splits
+    set_id: int = 0  # ps_add / ps_remove
+    ranks: tuple[int, ...] = ()  # ps_add
+    last: int = -1  # join: the last rank to join
+    message: str = ""  # error
+    error_kind: str = ""  # error: "mismatch", "stall" or "peer"
+
+    def to_wire(self) -> dict[str, Any]:
+        if self.kind == "join":
+            return {"k": "join", "last": self.last}
+        entries = [{"n": e.name, "s": list(e.shape), "c": e.cache_id} for e in self.entries]
+        if self.kind == "error":
+            return {
+                "k": "error",
+                "ps": self.process_set,
+                "e": [{"n": e.name} for e in self.entries],
+                "msg": self.message,
+                "x": self.error_kind,
+            }
+        if self.kind == "allreduce":
+            return {
+                "k": "allreduce",
+                "ps": self.process_set,
+                "d": self.dtype,
+                "o": self.op,
+                "pre": self.prescale,
+                "post": self.postscale,
+                "dev": self.device,  # a joined rank makes its zeros on this device type
+                "e": entries,
+            }
+        wire: dict[str, Any] = {
+            "k": self.kind,
+            "ps": self.process_set,
+            "d": self.dtype,
+            "e": entries,
+            "r": self.root,
+        }
+        if self.kind == "allgather":
+            wire["dims"] = list(self.dims)
+        elif self.kind == "alltoall":
+            wire["splits"] = [list(s) for s in self.splits]
+        elif self.kind == "ps_add":
+            wire["id"], wire["ranks"] = self.set_id, list(self.ranks)
+        elif self.kind == "ps_remove":
+            wire["id"] = self.set_id
+        elif self.kind == "reducescatter":
+            wire.update(o=self.op, pre=self.prescale, post=self.postscale)
+        return wire
+
+    @classmethod
+    def from_wire(cls, wire: dict[str, Any]) -> ResponseItem:
+        root = wire.get("r")
+        return cls(
+            kind=wire["k"],
+            process_set=wire.get("ps", 0),
+            dtype=wire.get("d", ""),
+            entries=tuple(
+                _build(
+                    Entry, {"name": e["n"], "shape": tuple(e.get("s", ())), "cache_id": e.get("c")}
+                )
+                for e in wire.get("e", ())
+            ),
+            op=wire.get("o", 0),
+            prescale=wire.get("pre", 1.0),
+            postscale=wire.get("post", 1.0),
+            device=wire.get("dev", ""),
+            root=DEFAULT_ROOT if root is None else root,
+            dims=tuple(wire.get("dims", ())),
+            splits=tuple(tuple(s) for s in wire.get("splits", ())),
+            set_id=wire.get("id", 0),
+            ranks=tuple(wire.get("ranks", ())),
+            last=wire.get("last", -1),
+            message=wire.get("msg", ""),
+            error_kind=wire.get("x", ""),
+        )
+
+
+# -- control messages --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestBatch:
+    """rank -> coordinator: the requests queued since the last batch, in order."""
+
+    TAG = "req"
+    requests: tuple[Request | CachedRequest, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.TAG, "reqs": [r.to_wire() for r in self.requests]}
+
+
+@dataclass(frozen=True)
+class JoinRequest:
+    """rank -> coordinator: this rank is out of data (``join()``)."""
+
+    TAG = "join"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.TAG}
+
+
+@dataclass(frozen=True)
+class Goodbye:
+    """rank -> coordinator: this rank shuts down; coordinator -> rank: acknowledged."""
+
+    TAG = "bye"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.TAG}
+
+
+@dataclass(frozen=True)
+class ResponseBatch:
+    """coordinator -> every rank: items to run, in this order."""
+
+    TAG = "resp"
+    items: tuple[ResponseItem, ...]
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.TAG, "items": [i.to_wire() for i in self.items]}
+
+
+@dataclass(frozen=True)
+class Abort:
+    """coordinator -> every rank: the ring is broken (a rank was lost), and why."""
+
+    TAG = "abort"
+    reason: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.TAG, "msg": self.reason}
+
+
+Message = RequestBatch | JoinRequest | Goodbye | ResponseBatch | Abort
+
+
+def decode_message(wire: dict[str, Any]) -> Message | None:
+    """The message a frame holds; None for a tag this protocol does not know."""
+    tag = wire.get("t")
+    if tag == RequestBatch.TAG:
+        return RequestBatch(tuple(decode_request(r) for r in wire["reqs"]))
+    if tag == ResponseBatch.TAG:
+        return ResponseBatch(tuple(ResponseItem.from_wire(i) for i in wire["items"]))
+    if tag == JoinRequest.TAG:
+        return JoinRequest()
+    if tag == Goodbye.TAG:
+        return Goodbye()
+    if tag == Abort.TAG:
+        return Abort(wire["msg"])
+    return None
+
+
+# -- agreement ---------------------------------------------------------------------
+
+
+def disagreement(name: str, reqs: dict[int, Request]) -> str | None:
+    """A message naming the field and each rank's value when the requests disagree."""
+    ranks = sorted(reqs)
+    kind = reqs[ranks[0]].kind
+    for f in AGREE_FIELDS:
+        values = {r: _listed(getattr(reqs[r], f.attr)) for r in ranks}
+        if len(set(map(repr, values.values()))) > 1:
+            detail = ", ".join(f"rank {r}: {v}" for r, v in values.items())
+            return (
+                f"{kind} of {name!r}: ranks disagree on {f.label} ({detail}). "
+                f"Every rank must submit the same {f.label} for one name."
+            )
+    shapes = {r: reqs[r].shape for r in ranks}
+    if kind in ("allgather", "alltoall"):
+        trailing = {r: (len(s), s[1:]) for r, s in shapes.items()}
+        if len(set(trailing.values())) > 1:
+            detail = ", ".join(f"rank {r}: {s}" for r, s in shapes.items())
+            return (
+                f"{kind} of {name!r}: ranks may differ only in the first dimension, but the "
+                f"shapes are {detail}. Make every dimension after the first agree."
+            )
+    elif kind in ("allreduce", "broadcast", "reducescatter") and len(set(shapes.values())) > 1:
+        detail = ", ".join(f"rank {r}: {s}" for r, s in shapes.items())
+        return (
+            f"{kind} of {name!r}: ranks disagree on shape ({detail}). "
+            "Every rank must pass a tensor of the same shape."
+        )
+    return None
