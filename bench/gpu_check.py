@@ -183,9 +183,8 @@ def _worker(sizes: list[int], use_cuda: bool, steps: int, batch: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    import ringcore
     import ringcore.torch as hvd
-    from ringcore._gpu import pin_gpu
+    from ringcore.launch import backend_name, pin_gpu
 
     torch.set_num_threads(1)
     hvd.init()
@@ -193,7 +192,7 @@ def _worker(sizes: list[int], use_cuda: bool, steps: int, batch: int) -> dict:
         dev = pin_gpu() if use_cuda else torch.device("cpu")
         raw_group = dist.new_group(list(range(hvd.size())))  # same backend, kept apart
         result = {
-            "backend": ringcore._runtime.backend_name(),
+            "backend": backend_name(),
             "process_group": str(dist.get_backend_config()),
             "device": str(dev),
             "size": hvd.size(),

@@ -31,18 +31,6 @@ CHECKPOINT_DIR_PREFIX = "checkpoint_"
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
-def get_float(name: str, default: float) -> float:
-    raw = os.environ.get(name, "")
-    if raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(
-            f"{name}={raw!r} is not a number; set it to seconds, e.g. {default:g}"
-        ) from None
-
-
 def storage_path(explicit: str | os.PathLike | None) -> str:
     """The storage root: the explicit one, else ``$RING_STORAGE_PATH``, else ``~/ringtrain_results``."""
     raw = (

@@ -28,14 +28,13 @@ import logging
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import ray
 
 from ringcore import RingError, Topology, WorkerError
-from ringcore import _config as rcfg
-from ringcore._elastic import ElasticDriver
+from ringcore.launch import ELASTIC_TIMEOUT_ENV_VAR, RANK_ENV_VAR, ElasticPolicy, get_float
 
 from . import _constants as const
 from ._config import ScalingConfig
@@ -115,29 +114,7 @@ class _Call:
 
     def __call__(self) -> tuple[int, Any]:
         value = self.fn(*self.args, **self.kwargs)
-        return int(os.environ.get(rcfg.RANK_ENV_VAR, "-1")), value
-
-
-class _LimitedDriver(ElasticDriver):
-    """ringcore's elastic driver that stops the job after ``reset_limit`` re-formations."""
-
-    def __init__(self, store: Any, alive: Any, min_workers: int, reset_limit: int | None):
-        super().__init__(store, alive, min_workers=min_workers)
-        self.reset_limit = reset_limit
-        self.stopped = False
-
-    def _publish(self, ids: list[str], hosts: list[str]) -> None:
-        if self.stopped:
-            return
-        resets = self.generation + 1
-        if self.reset_limit is not None and resets > self.reset_limit:
-            self.stopped = True
-            self.abort(
-                f"the ring would be re-formed {resets} times, more than "
-                f"reset_limit={self.reset_limit}; raise reset_limit (None: no limit)"
-            )
-            return
-        super()._publish(ids, hosts)
+        return int(os.environ.get(RANK_ENV_VAR, "-1")), value
 
 
 class _ExecutorGroup(ElasticGroup):
@@ -158,8 +135,9 @@ class _ExecutorGroup(ElasticGroup):
         self.callbacks = callbacks
         self.results: dict[str, tuple[int, Any]] = {}
 
-    def _make_driver(self) -> ElasticDriver:
-        return _LimitedDriver(self._store, self._alive, self.scaling.min_workers, self.reset_limit)
+    def _policy(self) -> ElasticPolicy:
+        """The group's policy, and the job stops after ``reset_limit`` re-formations."""
+        return replace(super()._policy(), reset_limit=self.reset_limit)
 
     def _env(self, wid: str, member: _Member, rank: int) -> dict[str, str]:
         return {**super()._env(wid, member, rank), **self.extra_env}
@@ -310,9 +288,7 @@ class ElasticRayExecutor:
             self.settings.placement_group_timeout_s,
             hooks,
         )
-        poll_s = const.get_float(
-            const.REPORT_POLL_INTERVAL_ENV_VAR, const.DEFAULT_REPORT_POLL_INTERVAL_S
-        )
+        poll_s = get_float(const.REPORT_POLL_INTERVAL_ENV_VAR, const.DEFAULT_REPORT_POLL_INTERVAL_S)
         call = _Call(fn, tuple(args), dict(kwargs))
         errors = group.run(call, cast(SessionSetup, None), lambda _: None, poll_s)
         if errors:
@@ -328,7 +304,7 @@ class ElasticRayExecutor:
     def _worker_env(self) -> dict[str, str]:
         return {
             **self.settings.worker_env(),
-            rcfg.ELASTIC_TIMEOUT_ENV_VAR: f"{self.elastic_timeout:g}",
+            ELASTIC_TIMEOUT_ENV_VAR: f"{self.elastic_timeout:g}",
             **self.env_vars,
         }
 

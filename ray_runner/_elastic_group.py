@@ -1,9 +1,11 @@
 """The worker group of an elastic ``RingTrainer`` run: ``ScalingConfig(num_workers=(min, max))``.
 
-The driver is the launcher of ringcore's elastic protocol (``ringcore._elastic``): it
+The driver is the launcher of ringcore's elastic protocol (``ringcore.launch``): it
 hosts the job's store (a ``torch.distributed.TCPStore`` in the driver process, which
 outlives every worker) and publishes *generations* of the ring's members through an
-:class:`ringcore._elastic.ElasticDriver`. Each worker is one Ray actor with a stable id
+:class:`ringcore.launch.ElasticDriver`, whose :class:`~ringcore.launch.ElasticPolicy`
+decides when the ring re-forms and grows; this group only tells it who is alive and
+starts one more worker when asked. Each worker is one Ray actor with a stable id
 (``RING_WORKER_ID``), placed on its own (no placement group, so workers can come and go
 one at a time).
 
@@ -33,8 +35,21 @@ from typing import Any
 import ray
 
 from ringcore import Topology, WorkerError, topology_from_hosts, worker_env
-from ringcore import _config as rcfg
-from ringcore._elastic import ElasticDriver
+from ringcore.launch import (
+    ELASTIC_ENV_VAR,
+    ELASTIC_LATE_ENV_VAR,
+    HOSTNAME_ENV_VAR,
+    RANK_ENV_VAR,
+    SIZE_ENV_VAR,
+    STORE_ADDR_ENV_VAR,
+    STORE_EXTERNAL_ENV_VAR,
+    STORE_PORT_ENV_VAR,
+    WORKER_ID_ENV_VAR,
+    ElasticDriver,
+    ElasticPolicy,
+    Workers,
+    get_float,
+)
 
 from . import _constants as const
 from ._config import ScalingConfig
@@ -65,12 +80,10 @@ class ElasticGroup:
 
     def __init__(self, scaling: ScalingConfig):
         self.scaling = scaling
-        self.timeout_s = const.get_float(
+        self.timeout_s = get_float(
             const.PLACEMENT_GROUP_TIMEOUT_ENV_VAR, const.DEFAULT_PLACEMENT_GROUP_TIMEOUT_S
         )
-        self.ping_timeout_s = const.get_float(
-            const.PING_TIMEOUT_ENV_VAR, const.DEFAULT_PING_TIMEOUT_S
-        )
+        self.ping_timeout_s = get_float(const.PING_TIMEOUT_ENV_VAR, const.DEFAULT_PING_TIMEOUT_S)
         self._ids = itertools.count()
         self.members: dict[str, _Member] = {}  # in rank order of the latest generation
         self.pending: dict[str, tuple[Any, Any]] = {}  # id -> (actor, its node() ref)
@@ -91,24 +104,26 @@ class ElasticGroup:
         try:
             self._open_store()
             self._start_initial()
-            driver = self._make_driver()
+            driver = ElasticDriver(
+                self._store,
+                self._alive,
+                self._policy(),
+                start_more=lambda: self._start_one_more(loop, setup),
+                recheck=self._confirm_alive,
+            )
             driver.start(list(self.members))
             for rank, (wid, member) in enumerate(self.members.items()):
                 env = self._env(wid, member, rank)
                 topology = topology_from_hosts([m.node_id for m in self.members.values()], rank)
                 self._launch(member, loop, setup, topology, env)
-            return self._watch(driver, loop, setup, on_reports, poll_s)
+            return self._watch(driver, on_reports, poll_s)
         finally:
             self._shutdown()
 
     def _watch(
-        self,
-        driver: ElasticDriver,
-        loop: Callable,
-        setup: SessionSetup,
-        on_reports: Callable[[list[dict]], None],
-        poll_s: float,
+        self, driver: ElasticDriver, on_reports: Callable[[list[dict]], None], poll_s: float
     ) -> list[WorkerError]:
+        """Collect the members' loops as they return; the driver's policy does the rest."""
         while True:
             running = {m.ref: wid for wid, m in self.members.items() if not m.done}
             if not running:
@@ -122,10 +137,7 @@ class ElasticGroup:
                     self._drain(on_reports)
                     return [error]
             self._drain(on_reports)
-            if int(self._store.add(f"elastic/reset/{driver.generation}", 0)) > 0:
-                self._confirm_alive()
             driver.poll()
-            self._grow(driver, loop, setup)
 
     def _finish(self, wid: str, ref: Any) -> WorkerError | None:
         """A member's loop returned: done, lost (its actor died), or failed (its error)."""
@@ -145,15 +157,21 @@ class ElasticGroup:
         member.done = True
         return None
 
-    def _make_driver(self) -> ElasticDriver:
-        """The policy that publishes generations (a seam: ElasticRayExecutor bounds resets)."""
-        return ElasticDriver(self._store, self._alive, min_workers=self.scaling.min_workers)
+    def _policy(self) -> ElasticPolicy:
+        """The elastic policy of this group (a seam: ElasticRayExecutor bounds resets)."""
+        return ElasticPolicy(
+            min_workers=self.scaling.min_workers, max_workers=self.scaling.max_workers
+        )
 
     # -- membership ----------------------------------------------------------------
 
-    def _alive(self) -> tuple[list[str], list[str]]:
+    def _alive(self) -> Workers:
         """For the ElasticDriver: the members still in the job (running or done), in rank order."""
-        return list(self.members), [m.host for m in self.members.values()]
+        return Workers(
+            tuple(self.members),
+            tuple(m.host for m in self.members.values()),
+            frozenset(wid for wid, m in self.members.items() if m.done),
+        )
 
     def _confirm_alive(self) -> None:
         """The ranks asked for a new ring: drop every member whose actor does not answer."""
@@ -170,10 +188,9 @@ class ElasticGroup:
             log.info("elastic worker %s on %s does not answer; dropping it", wid, member.host)
             _kill(member.actor)
 
-    def _grow(self, driver: ElasticDriver, loop: Callable, setup: SessionSetup) -> None:
-        """Start pending actors that Ray placed meanwhile; keep one pending while below max."""
-        if any(m.done for m in self.members.values()):
-            return  # the run is finishing: added workers would wait for a ring that ends
+    def _start_one_more(self, loop: Callable, setup: SessionSetup) -> list[str]:
+        """For the ElasticDriver, below max workers: start a pending actor that Ray placed
+        meanwhile as a late worker (``[its id]``); else keep one actor pending (``[]``)."""
         for wid, (actor, node_ref) in list(self.pending.items()):
             ready, _ = ray.wait([node_ref], timeout=0)
             if not ready:
@@ -188,10 +205,11 @@ class ElasticGroup:
             self._launch(
                 member, loop, setup, topology_from_hosts([host], 0), self._late_env(wid, host)
             )
-            driver.grow([wid])
             log.info("elastic worker %s on %s joins the ring", wid, host)
-        if not self.pending and len(self.members) < self.scaling.max_workers:
+            return [wid]
+        if not self.pending:
             self._ask_for_worker()
+        return []
 
     # -- actors --------------------------------------------------------------------
 
@@ -257,23 +275,23 @@ class ElasticGroup:
     def _env(self, wid: str, member: _Member, rank: int) -> dict[str, str]:
         topology = topology_from_hosts([m.node_id for m in self.members.values()], rank)
         env = worker_env(topology, self._store_addr, int(self._store.port), external_store=True)
-        env[rcfg.HOSTNAME_ENV_VAR] = member.host
-        env[rcfg.ELASTIC_ENV_VAR] = "1"
-        env[rcfg.WORKER_ID_ENV_VAR] = wid
+        env[HOSTNAME_ENV_VAR] = member.host
+        env[ELASTIC_ENV_VAR] = "1"
+        env[WORKER_ID_ENV_VAR] = wid
         return env
 
     def _late_env(self, wid: str, host: str) -> dict[str, str]:
         """A worker added to the running ring: ``init()`` waits for the generation listing it."""
         return {
-            rcfg.STORE_ADDR_ENV_VAR: self._store_addr,
-            rcfg.STORE_PORT_ENV_VAR: str(int(self._store.port)),
-            rcfg.STORE_EXTERNAL_ENV_VAR: "1",
-            "RING_ELASTIC_LATE": "1",
-            rcfg.RANK_ENV_VAR: "0",
-            rcfg.SIZE_ENV_VAR: "1",
-            rcfg.HOSTNAME_ENV_VAR: host,
-            rcfg.ELASTIC_ENV_VAR: "1",
-            rcfg.WORKER_ID_ENV_VAR: wid,
+            STORE_ADDR_ENV_VAR: self._store_addr,
+            STORE_PORT_ENV_VAR: str(int(self._store.port)),
+            STORE_EXTERNAL_ENV_VAR: "1",
+            ELASTIC_LATE_ENV_VAR: "1",
+            RANK_ENV_VAR: "0",
+            SIZE_ENV_VAR: "1",
+            HOSTNAME_ENV_VAR: host,
+            ELASTIC_ENV_VAR: "1",
+            WORKER_ID_ENV_VAR: wid,
         }
 
     def _launch(

@@ -29,10 +29,13 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ringcore import RingError, WorkerError, topology_from_hosts, worker_env
-from ringcore._auth import new_secret
-from ringcore._config import HOSTNAME_ENV_VAR
-from ringcore._gpu import GpuUnavailableError
-from ringcore._topology import host_major_order
+from ringcore.launch import (
+    HOSTNAME_ENV_VAR,
+    GpuUnavailableError,
+    get_float,
+    host_major_order,
+    new_secret,
+)
 
 from . import _constants as const
 from ._elastic_executor import ElasticRayExecutor, check_callbacks
@@ -172,7 +175,7 @@ class RayExecutor:
             if placement_group_timeout_s is not None
             else settings.placement_group_timeout_s
             if settings is not None
-            else const.get_float(
+            else get_float(
                 const.PLACEMENT_GROUP_TIMEOUT_ENV_VAR, const.DEFAULT_PLACEMENT_GROUP_TIMEOUT_S
             )
         )
@@ -341,13 +344,9 @@ class RayExecutor:
                 with contextlib.suppress(ray.exceptions.RayError):
                     ray.get(
                         [w.drain_logs.remote() for w in workers],
-                        timeout=const.get_float(
-                            const.PING_TIMEOUT_ENV_VAR, const.DEFAULT_PING_TIMEOUT_S
-                        ),
+                        timeout=get_float(const.PING_TIMEOUT_ENV_VAR, const.DEFAULT_PING_TIMEOUT_S),
                     )
-        poll_s = const.get_float(
-            const.REPORT_POLL_INTERVAL_ENV_VAR, const.DEFAULT_REPORT_POLL_INTERVAL_S
-        )
+        poll_s = get_float(const.REPORT_POLL_INTERVAL_ENV_VAR, const.DEFAULT_REPORT_POLL_INTERVAL_S)
         try:
             return self._collect(refs, deliver, poll_s)
         except WorkerError:

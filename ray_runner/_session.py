@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ringcore import RingError, Topology
+from ringcore import RingError, Topology, launch
 
 from ._checkpoint import Checkpoint, CheckpointStore
 
@@ -132,12 +132,13 @@ def _context_from(topology: Topology, setup: SessionSetup) -> TrainContext:
 def _elastic_context(setup: SessionSetup) -> TrainContext:
     """An elastic rank's place, read from the ``RING_*`` variables each generation sets."""
     env = os.environ
-    if env.get("RING_ELASTIC_LATE") == "1":  # added, but not yet part of a ring
+    if env.get(launch.ELASTIC_LATE_ENV_VAR) == "1":  # added, but not yet part of a ring
         rank, size, local_rank, local_size, cross_rank = -1, 0, -1, 0, -1
     else:
-        rank, size = int(env["RING_RANK"]), int(env["RING_SIZE"])
-        local_rank, local_size = int(env["RING_LOCAL_RANK"]), int(env["RING_LOCAL_SIZE"])
-        cross_rank = int(env["RING_CROSS_RANK"])
+        rank, size = int(env[launch.RANK_ENV_VAR]), int(env[launch.SIZE_ENV_VAR])
+        local_rank = int(env[launch.LOCAL_RANK_ENV_VAR])
+        local_size = int(env[launch.LOCAL_SIZE_ENV_VAR])
+        cross_rank = int(env[launch.CROSS_RANK_ENV_VAR])
     return TrainContext(
         world_rank=rank,
         world_size=size,

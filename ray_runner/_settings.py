@@ -24,8 +24,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from ringcore._config import START_TIMEOUT_ENV_VAR
-from ringcore._iface import NICS_ENV_VARS, nic_names, nics_env
+from ringcore.launch import NICS_ENV_VARS, START_TIMEOUT_ENV_VAR, nic_names, nics_env
 
 log = logging.getLogger("ringtrain.ray_runner")
 

@@ -27,6 +27,7 @@ from typing import Any
 import ray
 
 from ringcore import RingError, WorkerError
+from ringcore.launch import get_float
 
 from . import _constants as const
 from ._checkpoint import Checkpoint, CheckpointStore
@@ -251,9 +252,7 @@ class RingTrainer:
         """One worker group from start to end; the failed ranks' errors (first failure
         first), or [] on success."""
         setup = self._setup(name, store)
-        poll_s = const.get_float(
-            const.REPORT_POLL_INTERVAL_ENV_VAR, const.DEFAULT_REPORT_POLL_INTERVAL_S
-        )
+        poll_s = get_float(const.REPORT_POLL_INTERVAL_ENV_VAR, const.DEFAULT_REPORT_POLL_INTERVAL_S)
         if self.scaling_config.elastic:
             from ._elastic_group import ElasticGroup
 
@@ -347,7 +346,7 @@ def _split(datasets: dict, n: int) -> list[dict | None]:
 
 def _other_errors(executor: RayExecutor, refs: list, failed_rank: int) -> list[WorkerError]:
     """The errors of the ranks that fail within a short grace after the first one."""
-    grace = const.get_float(const.FAILURE_GRACE_ENV_VAR, const.DEFAULT_FAILURE_GRACE_S)
+    grace = get_float(const.FAILURE_GRACE_ENV_VAR, const.DEFAULT_FAILURE_GRACE_S)
     others = {ref: rank for rank, ref in enumerate(refs) if rank != failed_rank}
     ready, _ = ray.wait(list(others), num_returns=len(others), timeout=grace)
     errors = []

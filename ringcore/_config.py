@@ -33,6 +33,9 @@ WORKER_ID_ENV_VAR = "RING_WORKER_ID"
 ELASTIC_TIMEOUT_ENV_VAR = "RING_ELASTIC_TIMEOUT"
 DEFAULT_ELASTIC_TIMEOUT_S = 600.0
 RESET_LIMIT_ENV_VAR = "RING_RESET_LIMIT"
+# "1": this worker was added to a running elastic job and joins through the next
+# generation the driver publishes; init() sets "0" once it has joined.
+ELASTIC_LATE_ENV_VAR = "RING_ELASTIC_LATE"
 
 BACKEND_ENV_VAR = "RING_BACKEND"
 DEFAULT_BACKEND = "gloo"
@@ -45,6 +48,13 @@ DEFAULT_START_TIMEOUT_S = 120.0
 # closing anything (stopped process, unplugged host). Horovod's default is 30 s.
 GLOO_TIMEOUT_ENV_VAR = "RING_GLOO_TIMEOUT_SECONDS"
 DEFAULT_GLOO_TIMEOUT_S = 60.0
+
+# How long a control connection (rank <-> coordinator) may go unanswered before it is
+# declared lost: TCP keepalive probes while it is idle and TCP_USER_TIMEOUT while data
+# waits for an acknowledgement. This bounds how long a partitioned or powered-off host
+# (which sends no RST) goes unnoticed; a process that dies is noticed at once.
+CONTROL_TIMEOUT_ENV_VAR = "RING_CONTROL_TIMEOUT_SECONDS"
+DEFAULT_CONTROL_TIMEOUT_S = 30.0
 
 # The per-job secret that authenticates the engine's control connections (HMAC-SHA256).
 # Our launchers set it; without it, rank 0 makes one and sends it to the ranks over the

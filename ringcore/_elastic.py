@@ -10,22 +10,39 @@ The launcher hosts the job's store and keeps, per generation ``g``:
 
 A worker leaves its ring (``shutdown``), asks for the next generation, waits for it,
 takes its rank from its id's place in the member list, and calls ``init()`` again.
+
+On the launcher's side, :class:`ElasticDriver` publishes the generations by the one
+:class:`~ringcore._elastic_policy.ElasticPolicy` every launcher shares; a launcher
+only tells it who is alive and starts more workers when it asks.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import _config as cfg
+from ._elastic_policy import AliveFn, ElasticPolicy, StartMoreFn, Workers
 from ._errors import RingError, RingInternalError
 from ._rendezvous import worker_env
-from ._topology import topology_from_hosts
+from ._topology import host_major_order, topology_from_hosts
 
-__all__ = ["ElasticDriver", "HostsUpdatedInterrupt", "generation", "is_elastic", "next_generation"]
+log = logging.getLogger("ringtrain.ringcore.elastic")
+
+__all__ = [
+    "ElasticDriver",
+    "HostsUpdatedInterrupt",
+    "forget_job",
+    "generation",
+    "is_elastic",
+    "join_late",
+    "next_generation",
+]
 
 GEN_KEY = "elastic/generation"
 
@@ -102,6 +119,30 @@ def next_generation() -> None:
     _set_world(g, world)
 
 
+def rejoin(init: Callable[[], None]) -> None:
+    """Leave the ring and join the next generation; when that ring cannot form (a
+    member was lost while it formed — a partitioned host the launcher has not dropped
+    yet), ask for another generation and try again, until ``RING_ELASTIC_TIMEOUT``.
+    An abort published by the launcher is raised at once."""
+    deadline = time.monotonic() + cfg.get_float(
+        cfg.ELASTIC_TIMEOUT_ENV_VAR, cfg.DEFAULT_ELASTIC_TIMEOUT_S
+    )
+    while True:
+        next_generation()
+        try:
+            init()
+            return
+        except (RingError, RuntimeError, OSError) as exc:  # not a bad setting (ValueError)
+            if time.monotonic() > deadline:
+                raise
+            log.warning(
+                "generation %d of the ring did not form (%s: %s); asking for the next one",
+                _my_generation,
+                type(exc).__name__,
+                exc,
+            )
+
+
 def forget_job() -> None:
     """Drop this process's link to a finished elastic job (its store client and
     generation), so that a reused process (a Spark Python worker) can join another."""
@@ -146,29 +187,64 @@ def _set_world(g: int, world: dict) -> None:
 
 
 class ElasticDriver:
-    """The launcher's side: publishes a new generation whenever a worker dies or asks.
+    """The launcher's side: applies an :class:`ElasticPolicy` and publishes its generations.
 
-    ``alive()`` returns the ids of the live workers (in their preferred rank order) and
-    their hosts; ``min_workers`` below which the job is aborted.
+    The launcher supplies *who is alive* (``alive()``: ``(ids, hosts)`` or a
+    :class:`Workers`) and, to grow, *start one more* (``start_more()``: the ids of the
+    workers it started now, or ``[]``); ``recheck()``, when given, is called when the
+    ranks ask for a new ring, for a launcher that cannot see a hung worker cheaply (Ray
+    pings its actors). The launcher's watch loop calls :meth:`poll` and reads
+    :attr:`stopped` — the reason, once the policy gave the job up (an abort is
+    published). ``policy`` or its fields as keywords (``min_workers=2``).
     """
 
-    def __init__(self, store: Any, alive, min_workers: int = 1, grace_s: float = 0.5):
-        self.store, self.alive, self.min_workers, self.grace_s = store, alive, min_workers, grace_s
+    def __init__(
+        self,
+        store: Any,
+        alive: AliveFn,
+        policy: ElasticPolicy | None = None,
+        *,
+        start_more: StartMoreFn | None = None,
+        recheck: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        **rules: Any,
+    ):
+        if policy is not None and rules:
+            raise TypeError(f"pass policy= or its fields {sorted(rules)}, not both")
+        self.store, self.alive = store, alive
+        self.policy = policy if policy is not None else ElasticPolicy(**rules)
+        self.start_more, self.recheck = start_more, recheck
+        self.clock, self.sleep = clock, sleep
         self.generation = 0
         self.members: list[str] = []
+        self.stopped: str | None = None  # why the policy gave the job up
+        self._first: int | None = None  # the generation of the first ring
+        self._below_since: float | None = None
 
     def start(self, members: list[str]) -> None:
+        """Begin at generation 0: ``members`` (launched with their ranks) are the first
+        ring; ``[]`` when the first :meth:`publish` forms it."""
         self.members = list(members)
+        self._first = 0 if members else None
         self.store.add(GEN_KEY, 0)
+
+    def workers(self) -> Workers:
+        """Who is alive, as the policy admits them into a ring."""
+        return self.policy.admit(Workers.of(self.alive()), self.members)
+
+    def asked(self) -> bool:
+        """True when a rank asked for a new generation of the current ring."""
+        return int(self.store.add(f"elastic/reset/{self.generation}", 0)) > 0
 
     def grow(self, ids: list[str]) -> None:
         """Publish a generation with the workers ``ids`` added (already started; ``alive()``
         lists them). The running ranks learn of it at their next commit."""
-        live_ids, live_hosts = self.alive()
-        missing = [i for i in ids if i not in live_ids]
+        live = self.workers()
+        missing = [i for i in ids if i not in live.ids]
         if missing:
             raise RuntimeError(f"workers {missing} are not running")
-        self._publish(live_ids, live_hosts)
+        self._publish(list(live.ids), list(live.hosts))
 
     def publish(self, ids: list[str], hosts: list[str]) -> None:
         """Publish a generation of exactly these workers (a launcher that decides the
@@ -182,23 +258,79 @@ class ElasticDriver:
         self.store.add(GEN_KEY, 1)
         self.members = []
 
+    def poll(self) -> bool:
+        """Look once: re-form the ring after a change (a member lost, a worker that can
+        join, the ranks' request), give up by the policy, grow; True when published."""
+        if self.stopped:
+            return False
+        asked = self.asked()
+        if asked and self.recheck is not None:
+            self.recheck()
+        live = self.workers()
+        if self._waiting_below_min(len(live.ids)):
+            return False
+        published = False
+        if self.policy.changed(live, self.members, asked):
+            self.sleep(self.policy.grace_s)  # let every change of the same event show
+            live = self.workers()
+            if self.policy.may_publish(len(live.ids)):
+                self._publish(list(live.ids), list(live.hosts))
+                published = True
+        return self._grow() or published
+
+    def _waiting_below_min(self, count: int) -> bool:
+        """Below ``min_workers`` with a policy that waits: start or go on waiting, and
+        stop the job once the wait is over. False when there is nothing to wait for."""
+        if not self.policy.waits_below_min:
+            return False
+        if count >= self.policy.min_workers:
+            self._below_since = None
+            return False
+        if self._below_since is None:
+            self._below_since = self.clock()
+        reason = self.policy.give_up_below_min(count, self.clock() - self._below_since)
+        if reason is not None:
+            self._stop(reason)
+        return True
+
+    def _grow(self) -> bool:
+        """Ask the launcher for more workers while the policy allows it; add each batch."""
+        grown = False
+        while self.start_more is not None and not self.stopped:
+            if not self.policy.may_grow(Workers.of(self.alive()), self.members):
+                break
+            new = self.start_more()
+            if not new:
+                break
+            self.grow(new)
+            grown = True
+        return grown
+
+    def _stop(self, reason: str) -> None:
+        self.stopped = reason
+        self.abort(reason)
+
     def _publish(self, ids: list[str], hosts: list[str]) -> None:
+        if self.stopped:
+            return
+        if self._first is not None:
+            reason = self.policy.over_reset_limit(self.generation + 1 - self._first)
+            if reason is not None:
+                self._stop(reason)
+                return
         self.generation += 1
+        # Host-major ranks (Horovod's numbering: a ring in rank order crosses each host
+        # boundary once). Hosts in order of first appearance and workers of a host in
+        # the launcher's order, so the first member (rank 0, whose state the others
+        # sync from) keeps rank 0.
+        order = host_major_order(hosts)
+        ids, hosts = [ids[i] for i in order], [hosts[i] for i in order]
         world: dict[str, Any] = {"workers": ids, "hosts": hosts}
-        if len(ids) < self.min_workers:
-            world = {"abort": f"only {len(ids)} workers left, fewer than min_np={self.min_workers}"}
+        short = self.policy.short_ring(len(ids))
+        if short is not None:
+            world = {"abort": short}
         self.store.set(f"elastic/world/{self.generation}", json.dumps(world))
         self.store.add(GEN_KEY, 1)
         self.members = list(ids)
-
-    def poll(self) -> bool:
-        """Check once; True when a new generation was published."""
-        ids, hosts = self.alive()
-        lost = [m for m in self.members if m not in ids]
-        asked = int(self.store.add(f"elastic/reset/{self.generation}", 0)) > 0
-        if not lost and not asked:
-            return False
-        time.sleep(self.grace_s)  # let every death of the same event show
-        ids, hosts = self.alive()
-        self._publish(ids, hosts)
-        return True
+        if self._first is None:
+            self._first = self.generation

@@ -10,16 +10,20 @@ environment wins.
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import _config as cfg
 from ._errors import RendezvousError
+
+# The store server has a module of its own; these names stay importable from here
+# (ringcore/__init__.py and _runtime.py import them from this module).
+from ._store_server import hosted_store, start_store_server, stop_store_server
 from ._topology import Topology
 
 __all__ = [
     "Rendezvous",
+    "hosted_store",
     "read_environment",
     "start_store_server",
     "stop_store_server",
@@ -161,44 +165,3 @@ def read_environment() -> Rendezvous:
         if found is not None:
             return found
     return _single_process()
-
-
-# A store server started by the launcher inside the rank-0 process before the user's
-# function runs, so its port is known before anyone connects (no port race).
-_server_lock = threading.Lock()
-_server: object | None = None
-
-
-def start_store_server(
-    host: str = "0.0.0.0", world_size: int = 1, timeout_s: float | None = None
-) -> int:
-    """Start (once per process) the job's key-value store on a free port and return it."""
-    global _server
-    import datetime
-
-    import torch.distributed as dist
-
-    with _server_lock:
-        if _server is None:
-            timeout = datetime.timedelta(
-                seconds=timeout_s
-                or cfg.get_float(cfg.START_TIMEOUT_ENV_VAR, cfg.DEFAULT_START_TIMEOUT_S)
-            )
-            _server = dist.TCPStore(
-                host, 0, world_size, True, timeout=timeout, wait_for_workers=False
-            )
-        return int(_server.port)  # type: ignore[attr-defined]
-
-
-def hosted_store(port: int) -> object | None:
-    """The store this process hosts on ``port``, if it started one."""
-    with _server_lock:
-        if _server is not None and int(_server.port) == port:  # type: ignore[attr-defined]
-            return _server
-    return None
-
-
-def stop_store_server() -> None:
-    global _server
-    with _server_lock:
-        _server = None

@@ -18,7 +18,9 @@ from typing import Any
 
 import cloudpickle
 
+from . import _config as cfg
 from ._auth import new_secret
+from ._elastic_policy import Workers
 from ._errors import RingError, WorkerError
 from ._rendezvous import worker_env
 from ._topology import topology_from_hosts
@@ -30,7 +32,7 @@ _LOOPBACK = "127.0.0.1"
 
 def _child(payload: bytes, env: dict[str, str], conn: Any) -> None:
     os.environ.update(env)
-    rank = int(env["RING_RANK"])
+    rank = int(env[cfg.RANK_ENV_VAR])
     try:
         fn, args, kwargs = cloudpickle.loads(payload)
         result = fn(*args, **kwargs)
@@ -40,7 +42,7 @@ def _child(payload: bytes, env: dict[str, str], conn: Any) -> None:
             (
                 "error",
                 cloudpickle.dumps(
-                    WorkerError.from_exception(rank, env.get("RING_HOSTNAME", _LOOPBACK), exc)
+                    WorkerError.from_exception(rank, env.get(cfg.HOSTNAME_ENV_VAR, _LOOPBACK), exc)
                 ),
             )
         )
@@ -84,7 +86,7 @@ class _Workers:
     def spawn(self, rank_env: dict[str, str], host: str) -> int:
         r = len(self.procs)
         if self.elastic:
-            rank_env.update({"RING_ELASTIC": "1", "RING_WORKER_ID": str(r)})
+            rank_env.update({cfg.ELASTIC_ENV_VAR: "1", cfg.WORKER_ID_ENV_VAR: str(r)})
         rank_env.update(self.env)
         parent_conn, child_conn = self.ctx.Pipe(duplex=False)
         p = self.ctx.Process(
@@ -103,24 +105,25 @@ class _Workers:
     def spawn_late(self, host: str) -> int:
         """A worker added to a running elastic job: it learns its rank from the next generation."""
         env = {
-            "RING_STORE_ADDR": _LOOPBACK,
-            "RING_STORE_PORT": str(self.port),
-            "RING_STORE_EXTERNAL": "1",
-            "RING_ELASTIC_LATE": "1",
-            "RING_RANK": "0",
-            "RING_SIZE": "1",
-            "RING_SECRET_KEY": self.secret,
+            cfg.STORE_ADDR_ENV_VAR: _LOOPBACK,
+            cfg.STORE_PORT_ENV_VAR: str(self.port),
+            cfg.STORE_EXTERNAL_ENV_VAR: "1",
+            cfg.ELASTIC_LATE_ENV_VAR: "1",
+            cfg.RANK_ENV_VAR: "0",
+            cfg.SIZE_ENV_VAR: "1",
+            cfg.SECRET_KEY_ENV_VAR: self.secret,
         }
         return self.spawn(env, host)
 
-    def alive(self) -> tuple[list[str], list[str]]:
+    def alive(self) -> Workers:
         """Workers still in the job: running, or done with a result (done is not lost)."""
-        live = [
-            r
-            for r, p in enumerate(self.procs)
-            if p.is_alive() or (r in self.results and not isinstance(self.results[r], WorkerError))
-        ]
-        return [str(r) for r in live], [self.hosts[r] for r in live]
+        done = {r for r, v in self.results.items() if not isinstance(v, WorkerError)}
+        live = [r for r, p in enumerate(self.procs) if p.is_alive() or r in done]
+        return Workers(
+            tuple(str(r) for r in live),
+            tuple(self.hosts[r] for r in live),
+            frozenset(str(r) for r in done),
+        )
 
     def collect(self, r: int) -> tuple[str, Any]:
         try:
@@ -134,6 +137,31 @@ class _Workers:
                 "ProcessExit",
                 f"the process exited with code {self.procs[r].exitcode} before returning",
             )
+
+
+def _elastic_driver(store: Any, workers: _Workers, pending: dict, min_np: int, grow) -> Any:
+    """The elastic policy over these workers: ``grow=[(seconds, count)]`` is what this
+    launcher answers when the driver asks it to start more (``count`` workers in one
+    generation, once ``seconds`` have passed since the start)."""
+    from ._elastic import ElasticDriver
+    from ._elastic_policy import ElasticPolicy
+
+    growth = sorted(grow or [])
+    started = time.monotonic()
+
+    def start_more() -> list[str]:
+        if not growth or time.monotonic() - started < growth[0][0]:
+            return []
+        _, count = growth.pop(0)
+        new = [workers.spawn_late(_LOOPBACK) for _ in range(count)]
+        pending.update({r: workers.conns[r] for r in new})
+        return [str(r) for r in new]
+
+    driver = ElasticDriver(
+        store, workers.alive, ElasticPolicy(min_workers=min_np), start_more=start_more
+    )
+    driver.start([str(r) for r in range(len(workers.procs))])
+    return driver
 
 
 def run_workers(
@@ -189,18 +217,11 @@ def run_workers(
             ),
             hosts[r],
         )
-    driver = None
-    if elastic:
-        from ._elastic import ElasticDriver
-
-        driver = ElasticDriver(store, workers.alive, min_workers=min_np)
-        driver.start([str(r) for r in range(np)])
-    growth = sorted(grow or [])
-    started = time.monotonic()
+    pending = dict(enumerate(workers.conns))
+    driver = _elastic_driver(store, workers, pending, min_np, grow) if elastic else None
     finished = False
     try:
-        deadline = started + timeout
-        pending = dict(enumerate(workers.conns))
+        deadline = time.monotonic() + timeout
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -220,11 +241,6 @@ def run_workers(
                         raise value
                     workers.results[r] = value
             if driver is not None:
-                while growth and time.monotonic() - started >= growth[0][0]:
-                    _, count = growth.pop(0)
-                    new = [workers.spawn_late(_LOOPBACK) for _ in range(count)]
-                    pending.update({r: workers.conns[r] for r in new})
-                    driver.grow([str(r) for r in new])
                 driver.poll()
         finished = True
     finally:

@@ -15,7 +15,7 @@ from ._elastic import run_elastic
 from ._platform import DEFAULT_START_TIMEOUT_S
 from ._run import START_TIMEOUT_ENV_VAR, TOPOLOGY_HOSTS_ENV_VAR, run
 from ._session import local_session
-from ._slots import NotEnoughSlotsError
+from ._slots import NotEnoughSlotsError, wait_for_slots
 from ._task import ATTEMPT_ENV_VAR, GPU_ADDRESSES_ENV_VAR
 
 __all__ = [
@@ -28,4 +28,5 @@ __all__ = [
     "local_session",
     "run",
     "run_elastic",
+    "wait_for_slots",
 ]

@@ -57,7 +57,12 @@ def connect_session() -> Any:
         from pyspark.sql.connect.session import SparkSession
     except ImportError:  # the connect extras (grpcio, ...) are not installed
         return None
-    return SparkSession.getActiveSession() or SparkSession._get_default_session()
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    # pyspark >= 4.0 keeps a default session beside the active one; 3.5 has only the latter
+    default = getattr(SparkSession, "_get_default_session", None)
+    return default() if default is not None else None
 
 
 def _conf(spark: Any, key: str, default: str) -> str:

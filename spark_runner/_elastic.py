@@ -4,7 +4,8 @@ A barrier stage is all-or-nothing, so an elastic job runs outside barrier mode: 
 single-task Spark job per slot (``max_num_proc`` of them, submitted from driver
 threads under one job group), so that a lost task fails only its own job. The
 driver is the rendezvous coordinator: it hosts the job's store and publishes the
-generations of the ring (:class:`ringcore._elastic.ElasticDriver`). Each task
+generations of the ring (:class:`ringcore.launch.ElasticDriver`, by its
+:class:`~ringcore.launch.ElasticPolicy`). Each task
 connects to the driver's log server with its worker id — that socket closing is how
 the driver learns at once that a worker died — and joins the ring through the first
 generation that lists it. A task Spark retries (``spark.task.maxFailures``) is a new
@@ -26,9 +27,13 @@ from typing import Any
 import cloudpickle
 
 from ringcore import RingError
-from ringcore._config import DEFAULT_ELASTIC_TIMEOUT_S
-from ringcore._elastic import ElasticDriver
-from ringcore._pickling import dumps_with_user_code
+from ringcore.launch import (
+    DEFAULT_ELASTIC_TIMEOUT_S,
+    ElasticDriver,
+    ElasticPolicy,
+    Workers,
+    dumps_with_user_code,
+)
 
 from ._connect import is_connect
 from ._elastic_task import ElasticTaskSpec, make_elastic_task
@@ -104,21 +109,20 @@ class _SlotJobs:
 class _Membership:
     """Which workers are in the job: what ``ElasticDriver`` calls ``alive()``."""
 
-    def __init__(self, server: LogServer, max_n: int):
-        self.server, self.max_n = server, max_n
+    def __init__(self, server: LogServer):
+        self.server = server
         self.driver: ElasticDriver | None = None
 
-    def alive(self) -> tuple[list[str], list[str]]:
-        """Members still connected or done, in rank order, then (while no member has
-        finished) newly connected workers up to ``max_num_proc``."""
+    def alive(self) -> Workers:
+        """Members still connected or done, in rank order, then newly connected workers
+        (the driver's policy admits those while no member has finished, up to
+        ``max_num_proc``); ``done``: the workers that said they finished."""
         connected, finished = self.server.workers(), self.server.finished()
         members = self.driver.members if self.driver is not None else []
         ids = [m for m in members if m in connected or m in finished]
         hosts = {**{m: "" for m in ids}, **connected}
-        if not any(m in finished for m in members):
-            ids += [w for w in connected if w not in ids and w not in finished]
-        ids = ids[: self.max_n]
-        return ids, [hosts[i] for i in ids]
+        ids += [w for w in connected if w not in ids and w not in finished]
+        return Workers(tuple(ids), tuple(hosts[i] for i in ids), frozenset(finished))
 
 
 def run_elastic(
@@ -247,8 +251,8 @@ class _ElasticJob:
             f"ringtrain spark_runner.run_elastic of {self.name} on {self.min_n}-{self.max_n} tasks",
             make_elastic_task(payload, spec),
         )
-        members = _Membership(server, self.max_n)
-        driver = ElasticDriver(store, members.alive, min_workers=self.min_n)
+        members = _Membership(server)
+        driver = ElasticDriver(store, members.alive, self._policy())
         members.driver = driver
         _say(
             self.verbose,
@@ -261,8 +265,8 @@ class _ElasticJob:
         try:
             with _plain_keyboard_interrupt():
                 jobs.start(range(self.max_n))
-                self._form(driver, members, jobs)
-                order = self._watch(driver, members, jobs)
+                self._form(driver, jobs)
+                order = self._watch(driver, jobs)
         except BaseException:
             if driver.members or driver.generation:
                 driver.abort("the elastic job was stopped by the driver")
@@ -301,14 +305,25 @@ class _ElasticJob:
             else:
                 self._failure(value)
 
-    def _form(self, driver: ElasticDriver, members: _Membership, jobs: _SlotJobs) -> None:
+    def _policy(self) -> ElasticPolicy:
+        """Below ``min_num_proc`` wait ``elastic_timeout`` for workers to come back."""
+        return ElasticPolicy(
+            min_workers=self.min_n,
+            max_workers=self.max_n,
+            reset_limit=self.reset_limit,
+            below_min_wait_s=self.wait_s,
+            min_name="min_num_proc",
+        )
+
+    def _form(self, driver: ElasticDriver, jobs: _SlotJobs) -> None:
         """Publish the first generation once ``num_proc`` workers connected (or, after
         ``start_timeout``, at least ``min_num_proc``)."""
         driver.start([])
         deadline = time.monotonic() + self.timeout
         while True:
             self._drain(jobs)
-            ids, hosts = members.alive()
+            live = driver.workers()
+            ids, hosts = list(live.ids), list(live.hosts)
             if len(ids) >= self.num_proc or (
                 time.monotonic() > deadline and len(ids) >= self.min_n
             ):
@@ -323,39 +338,20 @@ class _ElasticJob:
                 )
             time.sleep(POLL_S)
 
-    def _watch(self, driver: ElasticDriver, members: _Membership, jobs: _SlotJobs) -> list[str]:
+    def _watch(self, driver: ElasticDriver, jobs: _SlotJobs) -> list[str]:
         """Re-form the ring as workers come and go; return the final members' ids."""
-        below_since: float | None = None
         while True:
             self._drain(jobs)
             if driver.members and all(m in self.results for m in driver.members):
                 return list(driver.members)
-            ids, hosts = members.alive()
-            if len(ids) < self.min_n:
-                below_since = below_since or time.monotonic()
-                if time.monotonic() - below_since > self.wait_s:
-                    reason = (
-                        f"only {len(ids)} workers left, fewer than min_num_proc={self.min_n}, "
-                        f"for longer than elastic_timeout={self.wait_s:.0f} s"
-                    )
-                    driver.abort(reason)
-                    raise RingError(f"run_elastic of {self.name} stopped: {reason}")
-                time.sleep(POLL_S)
-                continue
-            below_since = None
-            asked = int(driver.store.add(f"elastic/reset/{driver.generation}", 0)) > 0
-            if set(ids) != set(driver.members) or asked:
-                time.sleep(driver.grace_s)  # let every change of the same event show
-                ids, hosts = members.alive()
-                if len(ids) >= self.min_n:
-                    self._republish(driver, ids, hosts)
+            if driver.poll():
+                _say(
+                    self.verbose,
+                    2,
+                    "generation %d of the ring: %d workers",
+                    driver.generation,
+                    len(driver.members),
+                )
+            if driver.stopped:
+                raise RingError(f"run_elastic of {self.name} stopped: {driver.stopped}")
             time.sleep(POLL_S)
-
-    def _republish(self, driver: ElasticDriver, ids: list[str], hosts: list[str]) -> None:
-        resets = driver.generation  # re-formations once this one is published
-        if self.reset_limit is not None and resets > self.reset_limit:
-            reason = f"the ring would be re-formed {resets} times, more than reset_limit={self.reset_limit}"
-            driver.abort(reason)
-            raise RingError(f"run_elastic of {self.name} stopped: {reason}")
-        driver.publish(ids, hosts)
-        _say(self.verbose, 2, "generation %d of the ring: %d workers", driver.generation, len(ids))

@@ -19,9 +19,7 @@ from typing import Any
 import cloudpickle
 
 import ringcore
-from ringcore import RingError, RingInternalError, WorkerError
-from ringcore import _config as cfg
-from ringcore._elastic import forget_job
+from ringcore import RingError, RingInternalError, WorkerError, launch
 
 from ._errors import encode_worker_error
 from ._output import LogConnection, stream_pair
@@ -44,23 +42,23 @@ class ElasticTaskSpec:
 
 def _rank_label() -> str:
     """The rank for output prefixes: ``-`` until the worker joined a ring."""
-    joined = os.environ.get("RING_ELASTIC_LATE") == "0"
-    return os.environ.get(cfg.RANK_ENV_VAR, "-") if joined else "-"
+    joined = os.environ.get(launch.ELASTIC_LATE_ENV_VAR) == "0"
+    return os.environ.get(launch.RANK_ENV_VAR, "-") if joined else "-"
 
 
 def _elastic_env(spec: ElasticTaskSpec, worker_id: str, host: str, ctx: Any) -> dict[str, str]:
     env = {
-        cfg.ELASTIC_ENV_VAR: "1",
-        cfg.WORKER_ID_ENV_VAR: worker_id,
-        "RING_ELASTIC_LATE": "1",  # every worker joins through a generation the driver publishes
-        cfg.ELASTIC_TIMEOUT_ENV_VAR: str(spec.wait_s),
-        cfg.RESET_LIMIT_ENV_VAR: str(spec.reset_limit),
-        cfg.STORE_ADDR_ENV_VAR: spec.driver_host,
-        cfg.STORE_PORT_ENV_VAR: str(spec.store_port),
-        cfg.STORE_EXTERNAL_ENV_VAR: "1",
-        cfg.RANK_ENV_VAR: "0",
-        cfg.SIZE_ENV_VAR: "1",
-        cfg.HOSTNAME_ENV_VAR: host,
+        launch.ELASTIC_ENV_VAR: "1",
+        launch.WORKER_ID_ENV_VAR: worker_id,
+        launch.ELASTIC_LATE_ENV_VAR: "1",  # every worker joins through a generation the driver publishes
+        launch.ELASTIC_TIMEOUT_ENV_VAR: str(spec.wait_s),
+        launch.RESET_LIMIT_ENV_VAR: str(spec.reset_limit),
+        launch.STORE_ADDR_ENV_VAR: spec.driver_host,
+        launch.STORE_PORT_ENV_VAR: str(spec.store_port),
+        launch.STORE_EXTERNAL_ENV_VAR: "1",
+        launch.RANK_ENV_VAR: "0",
+        launch.SIZE_ENV_VAR: "1",
+        launch.HOSTNAME_ENV_VAR: host,
     }
     env.update(gpu_env(ctx, None, 0))  # only GPUs Spark assigned: local ranks change
     env.update(spec.env)
@@ -89,7 +87,7 @@ def _worker_environment(ctx: Any, spec: ElasticTaskSpec, worker_id: str):
         err.close()
         sys.stdout, sys.stderr = saved_out, saved_err
         ringcore.shutdown()
-        forget_job()  # Spark reuses Python workers: leave nothing behind
+        launch.forget_job()  # Spark reuses Python workers: leave nothing behind
         conn.close()
         os.environ.clear()
         os.environ.update(saved_env)
@@ -112,7 +110,7 @@ def make_elastic_task(payload: bytes, spec: ElasticTaskSpec):
             except BaseException as exc:
                 if isinstance(exc, RingInternalError):
                     time.sleep(SECONDARY_FAILURE_DELAY_S)  # let the root cause arrive first
-                rank = int(os.environ.get(cfg.RANK_ENV_VAR, "0"))
+                rank = int(os.environ.get(launch.RANK_ENV_VAR, "0"))
                 err = WorkerError.from_exception(rank, conn.local_address, exc)
                 raise RuntimeError(encode_worker_error(err, spec.secret)) from None
             blob = cloudpickle.dumps((worker_id, result))

@@ -22,7 +22,7 @@ import zlib
 import cloudpickle
 
 from ringcore import WorkerError
-from ringcore._auth import mac, verify
+from ringcore.launch import mac, verify
 
 log = logging.getLogger("ringtrain.spark_runner")
 

@@ -14,20 +14,25 @@ worker's process dies; a ``D`` line says that the worker returned from its funct
 
 from __future__ import annotations
 
-import hmac
 import logging
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
-from ringcore._auth import answer
+from ringcore.launch import answer, bound_silence, verify
 
 log = logging.getLogger("ringtrain.spark_runner")
 
 HANDSHAKE_TIMEOUT_S = 10.0
 MAX_LINE_BYTES = 1 << 20
+#: connections not yet authenticated at once; more are hung up on and counted (a flood
+#: of strangers must not cost a thread each)
+MAX_HANDSHAKES = 64
+#: how long the accept loop pauses after an error such as EMFILE (too many open files)
+ACCEPT_RETRY_S = 0.1
 STDOUT_TAG, STDERR_TAG, DONE_TAG = "O", "E", "D"
 
 
@@ -63,6 +68,8 @@ class LogServer:
         self._closing = threading.Event()
         self._readers: list[threading.Thread] = []
         self._conns: list[socket.socket] = []
+        self._handshaking = 0
+        self.refused = 0  # connections hung up on: failed the check, or over MAX_HANDSHAKES
         self._workers: dict[str, str] = {}  # connected worker id -> host, in arrival order
         self._finished: set[str] = set()
         self._acceptor = threading.Thread(
@@ -79,14 +86,35 @@ class LogServer:
                 conn, peer = self._listener.accept()
             except TimeoutError:
                 continue
-            except OSError:
-                return
+            except OSError as exc:  # EMFILE, ENOBUFS, ...: the listener itself is fine
+                if self._closing.is_set():
+                    return
+                log.warning("log server: accept failed (%s); retrying", exc)
+                time.sleep(ACCEPT_RETRY_S)
+                continue
+            with self._write_lock:
+                self._prune()
+                crowded = self._handshaking >= MAX_HANDSHAKES
+                if crowded:
+                    self.refused += 1
+                else:
+                    self._handshaking += 1
+            if crowded:
+                conn.close()
+                continue
+            bound_silence(conn)  # a lost host's worker leaves within RING_CONTROL_TIMEOUT_SECONDS
             self._conns.append(conn)
             reader = threading.Thread(
                 target=self._serve, args=(conn, peer), name="ringtrain-log-reader", daemon=True
             )
             self._readers.append(reader)
             reader.start()
+
+    def _prune(self) -> None:
+        """Forget the readers that ended and their connections (lists never only grow)."""
+        alive = [i for i, r in enumerate(self._readers) if r.is_alive()]
+        self._readers = [self._readers[i] for i in alive]
+        self._conns = [self._conns[i] for i in alive]
 
     def _authenticate(self, conn: socket.socket) -> str | None:
         """Challenge, check the HMAC, then tell the task its stage's attempt number.
@@ -95,7 +123,7 @@ class LogServer:
         conn.settimeout(HANDSHAKE_TIMEOUT_S)
         conn.sendall(challenge.encode() + b"\n")
         reply, _, rest = _read_line(conn, 300).partition(" ")
-        if not hmac.compare_digest(reply, answer(self.secret, challenge)):
+        if not verify(answer(self.secret, challenge), reply):
             return None
         stage, _, worker_id = rest.partition(" ")
         try:
@@ -109,8 +137,14 @@ class LogServer:
     def _serve(self, conn: socket.socket, peer: Any) -> None:
         worker_id: str | None = None
         try:
-            worker_id = self._authenticate(conn)
+            try:
+                worker_id = self._authenticate(conn)
+            finally:
+                with self._write_lock:
+                    self._handshaking -= 1
             if worker_id is None:
+                with self._write_lock:
+                    self.refused += 1
                 log.warning("rejected a log connection from %s: bad authentication", peer)
                 return
             if worker_id:
@@ -160,7 +194,8 @@ class LogServer:
         self._closing.set()
         self._listener.close()
         self._acceptor.join(timeout=2.0)
-        for reader in self._readers:
-            reader.join(timeout=drain_s)
-        for conn in self._conns:
+        deadline = time.monotonic() + drain_s  # for all readers together, not each
+        for reader in list(self._readers):
+            reader.join(timeout=max(0.0, deadline - time.monotonic()))
+        for conn in list(self._conns):
             conn.close()

@@ -15,9 +15,7 @@ from typing import Any
 import cloudpickle
 
 from ringcore import RingError, cuda_built
-from ringcore._config import get_float
-from ringcore._iface import NICS_ENV_VARS, nic_names
-from ringcore._pickling import dumps_with_user_code
+from ringcore.launch import NICS_ENV_VARS, dumps_with_user_code, get_float, nic_names
 
 from . import _connect
 from ._errors import decode_worker_error

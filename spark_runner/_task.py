@@ -20,9 +20,7 @@ from ringcore import (
     topology_from_hosts,
     worker_env,
 )
-from ringcore._config import HOSTNAME_ENV_VAR
-from ringcore._rendezvous import stop_store_server
-from ringcore._topology import host_major_order
+from ringcore.launch import HOSTNAME_ENV_VAR, host_major_order, stop_store_server
 
 from ._errors import encode_worker_error
 from ._output import connect, stream_pair

@@ -293,7 +293,7 @@ def test_elastic_create_settings_takes_horovods_arguments_and_deprecated_spellin
 def test_reset_limit_stops_the_job_when_the_ring_would_be_re_formed_once_too_often():
     import torch.distributed as dist
 
-    from ray_runner._elastic_executor import _LimitedDriver
+    from ringcore.launch import ElasticDriver as _LimitedDriver
 
     store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
     alive = (["a", "b"], ["127.0.0.1", "127.0.0.1"])

@@ -1,4 +1,7 @@
-"""The import rules of DESIGN.md: who may import whom, and what ``import ringcore`` pulls in."""
+"""The import rules of docs/architecture.md: who may import whom, and what ``import
+ringcore`` pulls in. Between packages only public names travel: no package (nor the
+notebooks, bench/ or tools/) imports another package's ``_private`` module; what a
+launcher needs from the core is in ``ringcore.launch``."""
 
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ ALLOWED = {("ringcore", "tensorflow"): ("ringcore/tensorflow", "ringcore/keras")
 
 def _imports(path: pathlib.Path) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
-    names = set()
+    names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.update(a.name.split(".")[0] for a in node.names)
@@ -44,6 +47,85 @@ def test_package_never_imports_what_design_forbids(package):
                 continue
             offenders.append(f"{rel} imports {bad}")
     assert offenders == []
+
+
+# our top-level packages, and the folders whose code may use only their public names
+PACKAGES = ("ringcore", "spark_runner", "ray_runner", "estimators")
+CLIENTS = ("estimators", "spark_runner", "ray_runner", "notebooks", "bench", "tools")
+# (file, private name) pairs allowed, each with its reason; keep this list short
+EXCEPTIONS = {
+    # measures the shared-memory data plane on its own, before the engine uses it
+    # (docs/status.md, issue 21); goes when the engine picks it and the bench runs
+    # through ringcore.torch
+    ("bench/shm.py", "ringcore._shm.ShmGroup"),
+}
+
+
+def _private(dotted: str) -> bool:
+    """True when a dotted name goes through an underscore part (``ringcore._config``)."""
+    return any(part.startswith("_") and not part.startswith("__") for part in dotted.split("."))
+
+
+def _private_reaches(tree: ast.AST, own: str) -> list[str]:
+    """Every import (or attribute access) of another package's private module or name."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            dotted = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            dotted = [f"{node.module}.{a.name}" for a in node.names if a.name != "*"]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            dotted = [f"{node.value.id}.{node.attr}"]
+        else:
+            continue
+        for name in dotted:
+            top = name.split(".")[0]
+            if top in PACKAGES and top != own and _private(name):
+                found.append(f"line {node.lineno}: {name}")
+    return found
+
+
+def _sources(folder: str):
+    """(path, syntax tree) of every Python file and notebook code cell under ``folder``."""
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        yield path, ast.parse(path.read_text(), filename=str(path))
+    for path in sorted((ROOT / folder).rglob("*.ipynb")):
+        for cell in json.loads(path.read_text()).get("cells", []):
+            if cell.get("cell_type") != "code":
+                continue
+            lines = cell["source"] if isinstance(cell["source"], list) else [cell["source"]]
+            code = "".join(line for line in lines if not line.lstrip().startswith(("%", "!")))
+            yield path, ast.parse(code, filename=str(path))
+
+
+@pytest.mark.parametrize("folder", CLIENTS)
+def test_no_code_imports_another_packages_private_modules(folder):
+    offenders = []
+    for path, tree in _sources(folder):
+        rel = path.relative_to(ROOT).as_posix()
+        offenders += [
+            f"{rel} {hit}"
+            for hit in _private_reaches(tree, folder)
+            if (rel, hit.split(": ", 1)[1]) not in EXCEPTIONS
+        ]
+    assert offenders == [], "import the public name (ringcore.launch for launchers) instead"
+
+
+@pytest.mark.parametrize(
+    ("code", "own", "hits"),
+    [
+        ("from ringcore._config import x", "estimators", 1),
+        ("import spark_runner._slots", "estimators", 1),
+        ("from ringcore import _config as cfg", "ray_runner", 1),
+        ("import ringcore\nringcore._runtime.backend_name()", "bench", 1),
+        ("from ringcore.torch._optimizer import x", "tools", 1),
+        ("from ._slots import wait_for_slots", "spark_runner", 0),
+        ("from spark_runner._slots import x", "spark_runner", 0),
+        ("from ringcore.launch import get_float\nfrom ringcore import __version__", "bench", 0),
+    ],
+)
+def test_the_private_import_check_sees_every_spelling(code, own, hits):
+    assert len(_private_reaches(ast.parse(code), own)) == hits
 
 
 def test_import_ringcore_pulls_in_no_engine_and_no_framework():

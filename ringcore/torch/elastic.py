@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from .. import _config as cfg
-from .._elastic import HostsUpdatedInterrupt, hosts_updated, is_elastic, next_generation
+from .._elastic import HostsUpdatedInterrupt, hosts_updated, is_elastic, rejoin
 from .._errors import RingError, RingInternalError
 from .._runtime import init, is_initialized, rank, size
 from ._collectives import allgather_object, broadcast_object
@@ -243,8 +243,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                 raise RingError(
                     f"the ring was re-formed {resets} times, more than {cfg.RESET_LIMIT_ENV_VAR}={limit}"
                 )
-            next_generation()
-            init()
+            rejoin(init)
             for sampler in getattr(state, "_samplers", {}).values():
                 sampler.reset()
             state.on_reset()
