@@ -40,6 +40,9 @@ __all__ = [
     "is_staged_as_is",
     "label_expr",
     "label_kinds",
+    "read_columns",
+    "selected_columns",
+    "validation_marker",
 ]
 
 _SUPPORTED = "numeric scalars, arrays of numbers and Spark ML Vectors"
@@ -155,3 +158,25 @@ def label_kinds(schema: StructType, columns: Sequence[str]) -> list[str]:
         return "array" if isinstance(dtype, ArrayType) else "scalar"
 
     return [kind(schema[name].dataType) for name in columns]
+
+
+def read_columns(feature_cols: list[str], label_cols: list[str], weight: str | None) -> list[str]:
+    """The columns the workers read: features, labels, then the sample weight column if any."""
+    return [*feature_cols, *label_cols, *([weight] if weight is not None else [])]
+
+
+def selected_columns(
+    schema: StructType, feature_cols: list[str], label_cols: list[str], weight: str | None
+) -> list[tuple[str, str, Column]]:
+    """``(role, name, expression)`` of every column the workers read, as they read it
+    (the expressions both the data check and the Parquet writer select)."""
+    columns = [("feature", c, feature_expr(schema[c])) for c in feature_cols]
+    columns += [("label", c, label_expr(schema[c])) for c in label_cols]
+    if weight is not None:
+        columns.append(("sample weight", weight, F.col(f"`{weight}`").cast("float").alias(weight)))
+    return columns
+
+
+def validation_marker(name: str) -> Column:
+    """True on the validation rows of a validation column (null counts as training)."""
+    return F.coalesce(F.col(f"`{name}`").cast("boolean"), F.lit(False))

@@ -4,6 +4,10 @@
 the value seen and the setter that fixes it) and fills in the defaults that depend
 on the session (``num_proc``), on chance (``random_seed``, ``run_id``) or on the
 disk (``store``), returning one frozen :class:`FitConfig` for the rest of ``fit``.
+The checks run in this order, and the first failure is raised: the model and the
+params its framework checks (``_frameworks.get_framework(...).check_params``), the
+callbacks, the columns against the schema, the numbers, the store, then what
+``_checks.check_config`` checks (pickling, a writable store, a reused run_id).
 """
 
 from __future__ import annotations
@@ -23,10 +27,8 @@ from ringcore.data import READERS, petastorm_problems
 
 from ._callbacks import check_callbacks
 from ._checks import check_config
-from ._columns import check_columns
-from ._frameworks import KERAS, LIGHTNING, TORCH, framework_of
-from ._lightning import overrides
-from ._metrics import resolve_metrics
+from ._columns import check_columns, label_kinds
+from ._frameworks import framework_of, get_framework
 from ._runs import run_params, run_to_use
 from ._store import Store
 
@@ -35,7 +37,7 @@ __all__ = ["FitConfig", "resolve_config"]
 
 @dataclass(frozen=True)
 class FitConfig:
-    framework: str  # _frameworks.TORCH / LIGHTNING / KERAS: what model is
+    framework: str  # _frameworks.FRAMEWORKS: what model is (get_framework's key)
     model: Any
     optimizer: Any  # a torch.optim.Optimizer; None for a LightningModule
     loss: Any
@@ -64,6 +66,7 @@ class FitConfig:
     callbacks: list[Any]  # torch: objects with on_epoch_end / on_batch_end (_callbacks.py)
     use_gpu: bool  # resolved: the use_gpu param, or whether CUDA is present
     run_params: dict[str, Any] = field(default_factory=dict)  # what it trains (_runs.py)
+    label_kinds: list[str] | None = None  # per label column, as in the DataFrame (_columns)
 
 
 def _check_positive(name: str, value: Any, setter: str, optional: bool = False) -> None:
@@ -75,60 +78,16 @@ def _check_positive(name: str, value: Any, setter: str, optional: bool = False) 
         )
 
 
-def _check_model(model: Any, optimizer: Any, loss: Any) -> str:
-    """Check the model params for the model's framework (see ``_frameworks``); returns it."""
+def _check_model(est: Any) -> str:
+    """Check the model and the params its framework checks; returns the framework's name."""
+    model = est.getModel()
     if model is None:
         raise ValueError("model is not set; pass the model to train with setModel(...).")
-    kind = framework_of(model)
-    if kind == LIGHTNING:
-        _check_lightning(model, optimizer, loss)
-    elif kind == TORCH:
-        _check_torch(model, optimizer, loss)
-    elif kind == KERAS:  # Keras: optimizer/loss as params or from model.compile
-        from ._train_keras import check_keras
-
-        check_keras(model, optimizer, loss)
-    return kind
-
-
-def _check_lightning(model: Any, optimizer: Any, loss: Any) -> None:
-    """A LightningModule brings its loss (``training_step``) and its optimizer
-    (``configure_optimizers``); the ``optimizer`` and ``loss`` params must stay unset."""
-    for name, value, setter in (
-        ("optimizer", optimizer, "setOptimizer"),
-        ("loss", loss, "setLoss"),
-    ):
-        if value is not None:
-            raise ValueError(
-                f"{name} is set, but a LightningModule ({type(model).__name__}) defines its own "
-                f"({'configure_optimizers' if name == 'optimizer' else 'training_step'}); "
-                f"unset it (drop {setter}) or pass a plain torch.nn.Module."
-            )
-    if not overrides(model, "training_step"):
-        raise ValueError(
-            f"the LightningModule {type(model).__name__} does not override training_step; "
-            "define training_step(self, batch, batch_idx) returning the loss."
-        )
-
-
-def _check_torch(model: Any, optimizer: Any, loss: Any) -> None:
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ValueError(
-            f"optimizer must be a torch.optim.Optimizer built on model.parameters(), got "
-            f"{type(optimizer).__name__}. Set it with setOptimizer(torch.optim.Adam(model.parameters()))."
-        )
-    known = {id(p) for p in model.parameters()}
-    foreign = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in known)
-    if foreign:
-        raise ValueError(
-            f"the optimizer holds {foreign} parameter(s) that are not in the model; build it on "
-            "model.parameters() of the model you pass as model."
-        )
-    if not callable(loss):
-        raise ValueError(
-            f"loss must be callable as loss(output, label), got {type(loss).__name__}. "
-            "Set it with setLoss(torch.nn.CrossEntropyLoss()), for example."
-        )
+    framework = framework_of(model)
+    get_framework(framework).check_params(
+        model, est.getOptimizer(), est.getLoss(), est.getMetrics()
+    )
+    return framework
 
 
 def _check_columns(est: Any, schema: StructType) -> None:
@@ -240,16 +199,7 @@ def resolve_config(est: Any, df: DataFrame | None, spark: SparkSession | None = 
     """Check every param of ``est`` (against ``df``'s schema when given) and resolve the
     defaults; starts no job. Without ``df`` (data already in the store) the caller
     checks the columns and ``validation`` must be a fraction."""
-    model, optimizer, loss = est.getModel(), est.getOptimizer(), est.getLoss()
-    framework = _check_model(model, optimizer, loss)
-    if framework != KERAS:  # Keras resolves its own metric names
-        resolve_metrics(est.getMetrics())
-    if framework == LIGHTNING and est.getMetrics():
-        raise ValueError(
-            "metrics is set, but a LightningModule computes its own: log them with "
-            "self.log(name, value) in training_step / validation_step (they enter the "
-            "history); unset metrics."
-        )
+    framework = _check_model(est)
     check_callbacks(est.getCallbacks())
     if df is not None:
         _check_columns(est, df.schema)
@@ -260,9 +210,9 @@ def resolve_config(est: Any, df: DataFrame | None, spark: SparkSession | None = 
     parallelism = spark.sparkContext.defaultParallelism if spark is not None else 1
     cfg = FitConfig(
         framework=framework,
-        model=model,
-        optimizer=optimizer,
-        loss=loss,
+        model=est.getModel(),
+        optimizer=est.getOptimizer(),
+        loss=est.getLoss(),
         metrics=list(est.getMetrics()),
         feature_cols=list(est.getFeatureCols()),
         label_cols=list(est.getLabelCols()),
@@ -287,6 +237,7 @@ def resolve_config(est: Any, df: DataFrame | None, spark: SparkSession | None = 
         backward_passes_per_step=est.getBackwardPassesPerStep(),
         callbacks=list(est.getCallbacks()),
         use_gpu=_resolve_use_gpu(est.getUseGpu()),
+        label_kinds=label_kinds(df.schema, est.getLabelCols()) if df is not None else None,
     )
     params = run_params(cfg, df)  # a run_id holding another fit's checkpoint is not resumed
     cfg = replace(cfg, run_id=run_to_use(store, cfg.run_id, params), run_params=params)

@@ -1,127 +1,50 @@
-"""``RingEstimator``: data-parallel training of a torch model as a Spark ML ``Estimator``.
+"""``RingEstimator``: data-parallel training of a model as a Spark ML ``Estimator``.
 
-``fit(df)`` follows DESIGN.md's data path: check the params against ``df.schema``
-(before any job), write the data as balanced Parquet under the Store, run
-:func:`estimators._train_torch.train` on ``num_proc`` Spark tasks through the
-``launcher`` (``spark_runner.run``), print the metrics of each epoch, and load the
-final checkpoint into a :class:`RingModel`.
+``fit(df)`` follows the data path of docs/architecture.md, one step after the other:
+
+1. **Resolve** (``_config.resolve_config``, then ``_launch.check_slots``): every param
+   checked against ``df.schema`` and the defaults filled in, the cluster's task slots
+   counted; no Spark job runs and nothing is written yet.
+2. **Prepare** (``_prepare.prepare_data``): one job checks the data and a first batch
+   goes through the model; then the data is written as balanced Parquet in the Store.
+3. **Launch** (``_launch.launch``): the framework's worker function
+   (``_frameworks.get_framework``) runs on ``num_proc`` Spark tasks through the
+   ``launcher`` seam, while the metrics of each epoch are printed.
+4. **Build** the :class:`RingModel` from the run's final checkpoint.
+
+``fit_on_parquet`` skips step 2: its data is in the store already.
 """
 
 from __future__ import annotations
 
 import copy
-import io
 import posixpath
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import cloudpickle
-import torch
+from pyspark import keyword_only
 from pyspark.ml import Estimator
 from pyspark.sql import DataFrame, SparkSession
 
-from ._checks import check_slots, launch
-from ._columns import label_kinds
+from ._accessors import EstimatorAccessors
 from ._config import FitConfig, resolve_config
-from ._frameworks import KERAS, LIGHTNING
+from ._frameworks import get_framework
+from ._launch import check_slots, launch, spark_launcher
 from ._mlflow import log_to_mlflow
 from ._model import RingModel
 from ._params import (
     ESTIMATOR_PARAMS,
     HOROVOD_ONLY_PARAMS,
-    GeneratedAccessors,
     checked_params,
     init_params,
     with_horovod_params,
     with_params,
 )
-from ._prepare import PreparedData, describe_parquet, prepare_data
+from ._prepare import PreparedData, check_parquet_columns, describe_parquet, prepare_data
 from ._report import HistoryPrinter
-from ._spec import data_spec_fields
 from ._store import TRAIN_DATA, VAL_DATA, Store
-from ._train_torch import TrainSpec, as_outputs, train
 
 __all__ = ["RingEstimator"]
-
-
-def spark_launcher(fn: Callable[..., Any], args: tuple, num_proc: int) -> list[Any]:
-    """Run ``fn(*args)`` on ``num_proc`` tasks of one Spark barrier stage."""
-    import spark_runner
-
-    return spark_runner.run(fn, args=args, num_proc=num_proc)
-
-
-def _optimizer_groups(model: torch.nn.Module, optimizer: Any) -> list[list[int]]:
-    if optimizer is None:  # a LightningModule: configure_optimizers() on every worker
-        return []
-    index = {id(p): i for i, p in enumerate(model.parameters())}
-    return [[index[id(p)] for p in group["params"]] for group in optimizer.param_groups]
-
-
-def _train_spec(cfg: FitConfig, data: PreparedData) -> TrainSpec:
-    optimizer_cls = type(cfg.optimizer) if cfg.optimizer is not None else None
-    return TrainSpec(
-        user_objects=cloudpickle.dumps(
-            (cfg.model, optimizer_cls, cfg.loss, cfg.metrics, cfg.callbacks)
-        ),
-        optimizer_groups=_optimizer_groups(cfg.model, cfg.optimizer),
-        optimizer_state=cfg.optimizer.state_dict() if cfg.optimizer is not None else {},
-        **data_spec_fields(cfg, data),
-        framework=cfg.framework,
-        use_gpu=cfg.use_gpu,
-        inmemory_cache_all=cfg.inmemory_cache_all,
-    )
-
-
-def probe_torch_model(model: torch.nn.Module, shapes: list[list[int]], outputs: int) -> None:
-    """Run the model once on the driver, on two all-zero rows of the features' shapes,
-    so that a model that does not fit the data fails here with the shapes named, not
-    as a traceback from inside the Spark tasks."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            result = model(*[torch.zeros(2, *shape) for shape in shapes])
-        as_outputs(result, outputs)
-    except Exception as exc:
-        raise ValueError(
-            f"the model fails on a batch of the feature columns' shapes "
-            f"{[[2, *s] for s in shapes]} (float32; rows first): {type(exc).__name__}: {exc}. "
-            "Make its input layer match the features, or fix feature_cols."
-        ) from exc
-    finally:
-        model.train(was_training)
-
-
-def _worker(cfg: FitConfig, data: PreparedData) -> tuple[Callable[..., Any], tuple]:
-    """The function every worker runs, and its arguments, for the model's framework
-    (``cfg.framework``, from ``_frameworks.framework_of``)."""
-    if cfg.framework == KERAS:  # Keras: its own loop (_train_keras.py)
-        from ._train_keras import keras_worker
-
-        return keras_worker(cfg, data)
-    # torch nn.Module and LightningModule share the torch loop (_train_torch.py).
-    return train, (_train_spec(cfg, data),)
-
-
-def _check_parquet_columns(cfg: FitConfig, paths: list[str]) -> None:
-    """Data already in the store must exist and hold every column the params name."""
-    wanted = cfg.feature_cols + cfg.label_cols
-    if cfg.sample_weight_col is not None:
-        wanted.append(cfg.sample_weight_col)
-    for path in paths:
-        if not cfg.store.exists(path):
-            raise ValueError(
-                f"no Parquet data at {path}; pass paths inside the store {cfg.store.prefix_path}, "
-                "e.g. store.get_train_data_path(0) of an earlier fit."
-            )
-        present = cfg.store.parquet_dataset(path).schema.names
-        missing = [c for c in wanted if c not in present]
-        if missing:
-            raise ValueError(
-                f"the Parquet data at {path} has no column(s) {', '.join(missing)}; its columns "
-                f"are: {', '.join(present)}. Set feature_cols / label_cols to columns it has."
-            )
 
 
 def _activate(spark: SparkSession) -> None:
@@ -155,21 +78,85 @@ def _horovod_paths(store: Store, dataset_idx: int | None) -> tuple[str, str | No
     return train, (val if store.exists(val) else None)
 
 
+def _parquet_call(
+    train_path: str | dict | None, val_path: str | int | None, params: dict | None, idx: Any
+) -> tuple[str | None, str | None, dict | None, int | None]:
+    """``fit_on_parquet``'s arguments in one shape: ``(train_path, val_path, params,
+    dataset_idx)``, Horovod's positional ``fit_on_parquet(params, idx)`` included."""
+    if isinstance(train_path, dict):  # Horovod's positional fit_on_parquet(params, idx)
+        if params is not None:
+            raise TypeError("fit_on_parquet got params twice (positionally and by name)")
+        params, train_path = train_path, None
+        if val_path is not None:
+            if idx is not None:
+                raise TypeError("fit_on_parquet got dataset_idx twice")
+            idx, val_path = val_path, None
+    if train_path is not None and idx is not None:
+        raise ValueError(
+            f"fit_on_parquet got train_path={train_path!r} and dataset_idx={idx!r}; "
+            "pass one: a path, or the index of data prepared in the store"
+        )
+    if val_path is not None and not isinstance(val_path, str):
+        raise TypeError(f"val_path must be a path in the store, got {val_path!r}")
+    return train_path, val_path, params, idx
+
+
 @with_horovod_params(HOROVOD_ONLY_PARAMS)
 @with_params(ESTIMATOR_PARAMS)
-class RingEstimator(GeneratedAccessors, Estimator):
-    """Train a torch ``nn.Module`` on a Spark DataFrame with ``num_proc`` workers.
+class RingEstimator(EstimatorAccessors, Estimator):
+    """Train a torch ``nn.Module``, a LightningModule or a Keras model on a Spark
+    DataFrame with ``num_proc`` workers.
 
     Params (each with a generated ``getX`` / ``setX``) are listed in
-    ``estimators._params.ESTIMATOR_PARAMS``; pass them as keyword arguments.
+    ``estimators._params.ESTIMATOR_PARAMS``; pass them as keyword arguments. The
+    constructor's keyword-only signature spells that table out for ``help()``, IDEs and
+    type checkers; ``@keyword_only`` (Spark ML's own idiom) hands ``init_params`` only the
+    keywords given, so an unpassed param keeps its table default and stays unset
+    (``isSet``). Its two list defaults are never used as values.
     """
 
     #: The seam that starts the workers: ``launcher(fn, args, num_proc) -> results by rank``.
     launcher: Callable[[Callable[..., Any], tuple, int], list[Any]] = staticmethod(spark_launcher)
 
-    def __init__(self, **kwargs: Any):
+    @keyword_only
+    def __init__(
+        self,
+        *,
+        num_proc: int | None = None,
+        model: Any = None,
+        optimizer: Any = None,
+        loss: Any = None,
+        metrics: Any = [],  # noqa: B006 (a list: the table default)
+        feature_cols: str | Sequence[str] | None = None,
+        label_cols: str | Sequence[str] | None = None,
+        validation: float | str = 0.0,
+        sample_weight_col: str | None = None,
+        transformation_fn: Callable[..., Any] | None = None,
+        batch_size: int = 32,
+        val_batch_size: int | None = None,
+        epochs: int = 1,
+        shuffle: bool = True,
+        verbose: int = 1,
+        random_seed: int | None = None,
+        store: Store | str | None = None,
+        run_id: str | None = None,
+        train_steps_per_epoch: int | None = None,
+        validation_steps_per_epoch: int | None = None,
+        reader: str = "auto",
+        train_reader_num_workers: int = 1,
+        inmemory_cache_all: bool = False,
+        backward_passes_per_step: int = 1,
+        callbacks: Any = [],  # noqa: B006 (a list: the table default)
+        use_gpu: bool | None = None,
+        **horovod_params: Any,
+    ) -> None:
+        """Every param of ``ESTIMATOR_PARAMS`` as a keyword (its doc: ``explainParams()``),
+        defaults as in that table (tests/test_estimator_signature.py keeps them equal).
+        ``horovod_params``: Horovod's estimator params; at their Horovod defaults they
+        change nothing, ``num_gpus`` maps onto ``use_gpu``, any other value raises with the
+        ringtrain way (``HOROVOD_ONLY_PARAMS``); an unknown name raises TypeError."""
         super().__init__()
-        init_params(self, ESTIMATOR_PARAMS, kwargs)
+        init_params(self, ESTIMATOR_PARAMS, self.__dict__.pop("_input_kwargs"))
 
     def setParams(self, **kwargs: Any) -> RingEstimator:
         """Set several params at once, as the constructor's keywords (Horovod's ``setParams``)."""
@@ -189,12 +176,10 @@ class RingEstimator(GeneratedAccessors, Estimator):
 
     def _fit(self, dataset: DataFrame) -> RingModel:
         _activate(dataset.sparkSession)
-        cfg = resolve_config(self, dataset)
-        if self.launcher is spark_launcher:
-            check_slots(dataset.sparkSession, cfg.num_proc)  # before the data is written
-        model = self._train(cfg, prepare_data(dataset, cfg))
-        # Vector labels give Vector outputs (RingModel.transform); Parquet keeps only arrays
-        return model.setLabelKinds(label_kinds(dataset.schema, cfg.label_cols))
+        cfg = self._resolve(dataset)  # 1. params, columns, slots: no job yet
+        data = prepare_data(dataset, cfg)  # 2. one job checks the data, then the Parquet
+        history = self._launch(cfg, data)  # 3. the workers train
+        return self._build(cfg, data, history)  # 4. the final checkpoint
 
     def fit_on_parquet(
         self,
@@ -215,51 +200,48 @@ class RingEstimator(GeneratedAccessors, Estimator):
         ``intermediate_train_data``). ``params`` overrides params as in ``fit``; the
         ``validation`` param is not used here.
         """
-        if isinstance(train_path, dict):  # Horovod's positional fit_on_parquet(params, idx)
-            if params is not None:
-                raise TypeError("fit_on_parquet got params twice (positionally and by name)")
-            params, train_path = train_path, None
-            if val_path is not None:
-                if dataset_idx is not None:
-                    raise TypeError("fit_on_parquet got dataset_idx twice")
-                dataset_idx, val_path = val_path, None  # type: ignore[assignment]
-        if train_path is not None and dataset_idx is not None:
-            raise ValueError(
-                f"fit_on_parquet got train_path={train_path!r} and dataset_idx={dataset_idx!r}; "
-                "pass one: a path, or the index of data prepared in the store"
-            )
-        if val_path is not None and not isinstance(val_path, str):
-            raise TypeError(f"val_path must be a path in the store, got {val_path!r}")
+        train, val, params, dataset_idx = _parquet_call(train_path, val_path, params, dataset_idx)
         est = self.copy(params) if params else self
-        if train_path is None:
-            if not est.isSet("store") or est.getStore() is None:
+        if train is None:
+            store = est.getStore() if est.isSet("store") else None
+            if store is None:
                 raise ValueError(
                     "fit_on_parquet without train_path reads the data prepared in the store, "
                     "but no store is set; pass store=Store.create(prefix) (the prefix the data "
                     "was written under), or train_path=..."
                 )
-            train_path, val_path = _horovod_paths(est.getStore(), dataset_idx)
+            train, val = _horovod_paths(store, dataset_idx)
         cfg = resolve_config(est, None, SparkSession.getActiveSession())
-        paths = [train_path] + ([val_path] if val_path is not None else [])
-        _check_parquet_columns(cfg, paths)
-        return est._train(cfg, describe_parquet(cfg, train_path, val_path))
+        check_parquet_columns(cfg, [train] + ([val] if val is not None else []))
+        data = describe_parquet(cfg, train, val)
+        return est._build(cfg, data, est._launch(cfg, data))
 
-    def _train(self, cfg: FitConfig, data: PreparedData) -> RingModel:
-        if cfg.framework == LIGHTNING:  # torch models: _checks.check_first_batch
-            probe_torch_model(cfg.model, data.feature_shapes, len(cfg.label_cols))
-        fn, args = _worker(cfg, data)
+    def _resolve(self, dataset: DataFrame) -> FitConfig:
+        """Step 1: every param checked against ``dataset``'s schema, then the task slots
+        (before the data is written; only for the Spark launcher)."""
+        cfg = resolve_config(self, dataset)
+        if self.launcher is spark_launcher:
+            check_slots(dataset.sparkSession, cfg.num_proc)
+        return cfg
+
+    def _launch(self, cfg: FitConfig, data: PreparedData) -> list[dict[str, Any]]:
+        """Step 3: the framework's last check, then its worker function on ``num_proc``
+        tasks; the history of rank 0 (logged to MLflow when a run is active)."""
+        framework = get_framework(cfg.framework)
+        framework.check_prepared(cfg, data)
+        fn, args = framework.worker(cfg, data)
         with HistoryPrinter(cfg.store, cfg.run_id, cfg.epochs, enabled=cfg.verbose >= 1) as printer:
             history = launch(self.launcher, fn, args, cfg)[0]  # explains store failures
             printer.finish(history)
         log_to_mlflow(cfg, history)
-        return self._load_model(cfg, data, history)
+        return history
 
-    def _load_model(
+    def _build(
         self, cfg: FitConfig, data: PreparedData, history: list[dict[str, Any]]
     ) -> RingModel:
-        """The trained model from the run's final checkpoint, for the model's framework."""
-        return RingModel(
-            model=_load_keras_model(cfg) if cfg.framework == KERAS else _load_torch_model(cfg),
+        """Step 4: the trained model from the run's final checkpoint, as a RingModel."""
+        model = RingModel(
+            model=get_framework(cfg.framework).load_checkpoint(cfg),
             history=history,
             run_id=cfg.run_id,
             feature_cols=cfg.feature_cols,
@@ -269,19 +251,6 @@ class RingEstimator(GeneratedAccessors, Estimator):
             store=cfg.store,
             use_gpu=self.getUseGpu(),  # as set (None: auto), so transform decides per task
         )
-
-
-def _load_keras_model(cfg: FitConfig) -> Any:  # Keras: the checkpoint is a .keras file
-    from ._train_keras import load_keras_checkpoint
-
-    return load_keras_checkpoint(cfg)
-
-
-def _load_torch_model(cfg: FitConfig) -> torch.nn.Module:
-    raw = cfg.store.read_bytes(cfg.store.get_checkpoint_path(cfg.run_id))
-    # map_location: a checkpoint of an older run may hold CUDA tensors; the driver may have no GPU
-    checkpoint = torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu")
-    model = copy.deepcopy(cfg.model)
-    model.load_state_dict(checkpoint["model"])
-    model.eval()
-    return model
+        if cfg.label_kinds is not None:  # Vector labels give Vector outputs (RingModel.transform)
+            model.setLabelKinds(cfg.label_kinds)
+        return model

@@ -1,116 +1,41 @@
 """``RingModel``: the fitted model; ``transform(df)`` predicts on the executors.
 
-Inference runs in Arrow batches through ``mapInArrow``: each task unpickles the
-torch module once, then runs one forward pass per Arrow batch; the DataFrame's own
-columns pass through untouched and ``<label>__output`` columns are appended. An
-output column is ``double`` when the model gives one value per row, else
-``array<double>`` — decided on the driver by running the model on one zero input —
-and a dense Spark ML ``Vector`` when the label was a Vector at fit time (``label_kinds``,
-recorded by ``fit`` and saved with the model): the worker's Arrow output is wrapped into
-``VectorUDT``'s struct in the same task (:func:`_vectors_in`), for torch and Keras alike.
+Inference runs in Arrow batches through ``mapInArrow``, with the function the model's
+framework gives (``_frameworks.get_framework(...).predictor``): each task loads the
+model once, then runs one forward pass per Arrow batch; the DataFrame's own columns
+pass through untouched and ``<label>__output`` columns are appended. An output column
+is ``double`` when the model gives one value per row, else ``array<double>`` — decided
+on the driver by running the model on one zero input — and a dense Spark ML ``Vector``
+when the label was a Vector at fit time (``label_kinds``, recorded by ``fit`` and saved
+with the model): the worker's Arrow output is wrapped into ``VectorUDT``'s struct in the
+same task (:func:`_vectors_in`), for every framework alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-import cloudpickle
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import torch
+from pyspark import keyword_only
 from pyspark.ml import Model
 from pyspark.ml.linalg import VectorUDT
 from pyspark.ml.util import MLReadable, MLWritable
 from pyspark.sql import DataFrame
-from pyspark.sql.types import ArrayType, DataType, DoubleType, StructField, StructType
+from pyspark.sql.types import DataType, StructField, StructType
 
-from ringcore._gpu import check_use_gpu
-from ringcore.data import to_numpy_columns
-
+from ._accessors import ModelAccessors
 from ._columns import check_columns, feature_expr, is_staged_as_is
-from ._frameworks import KERAS, framework_of
-from ._params import MODEL_PARAMS, GeneratedAccessors, init_params, with_params
+from ._frameworks import Predictor, framework_of, get_framework
+from ._params import MODEL_PARAMS, init_params, with_params
 from ._persistence import RingModelReader, RingModelWriter
-from ._train_torch import as_outputs, to_device, to_inputs
+from ._store import Store
 
 __all__ = ["RingModel"]
 
 _STAGED = "__ringtrain_input_{}"
-
-
-def _probe_outputs(model: torch.nn.Module, shapes: list[list[int]], count: int) -> list[DataType]:
-    """Run ``model`` on one all-zero row: the Spark type of each output."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            zeros = [torch.zeros(1, *shape) for shape in shapes]
-            outputs = as_outputs(model(*zeros), count)
-    finally:
-        model.train(was_training)
-    return [
-        DoubleType() if out.numel() == 1 else ArrayType(DoubleType(), containsNull=False)
-        for out in outputs
-    ]
-
-
-def _to_arrow(output: torch.Tensor, rows: int, kind: DataType) -> pa.Array:
-    values = output.detach().to("cpu", torch.float64).reshape(rows, -1).numpy()
-    if isinstance(kind, DoubleType):
-        return pa.array(values[:, 0], type=pa.float64())
-    width = values.shape[1]
-    offsets = pa.array(np.arange(0, rows * width + 1, width, dtype=np.int32))
-    return pa.ListArray.from_arrays(offsets, pa.array(values.reshape(-1), type=pa.float64()))
-
-
-def _empty(kind: DataType) -> pa.Array:
-    return pa.array(
-        [], type=pa.float64() if isinstance(kind, DoubleType) else pa.list_(pa.float64())
-    )
-
-
-def _predict_batch(
-    model: torch.nn.Module,
-    batch: pa.RecordBatch,
-    staged: list[str],
-    keep: int,
-    names: list[str],
-    kinds: list[DataType],
-    device: torch.device,
-) -> pa.RecordBatch:
-    rows = batch.num_rows
-    if rows == 0:
-        outputs = [_empty(kind) for kind in kinds]
-    else:
-        with torch.no_grad():
-            inputs = to_inputs(to_numpy_columns(batch, staged), staged)
-            result = model(*[to_device(t, device) for t in inputs])
-        outputs = [
-            _to_arrow(o, rows, k)
-            for o, k in zip(as_outputs(result, len(names)), kinds, strict=True)
-        ]
-    return pa.RecordBatch.from_arrays(
-        batch.columns[:keep] + outputs, names=batch.schema.names[:keep] + names
-    )
-
-
-def task_device(use_gpu: bool | None) -> torch.device:
-    """The device a transform task predicts on. ``use_gpu`` None: a GPU when the task
-    sees CUDA; True: a GPU or a clear error; False: the CPU. The GPU is the one Spark
-    assigned to the task (``spark.task.resource.gpu.amount``), else ``partition % count``."""
-    if not check_use_gpu(use_gpu, "RingModel.transform"):
-        return torch.device("cpu")
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    gpus = ctx.resources().get("gpu") if ctx is not None else None
-    if gpus is not None and gpus.addresses and gpus.addresses[0].isdigit():
-        index = int(gpus.addresses[0])
-    else:
-        index = ctx.partitionId() if ctx is not None else 0
-    return torch.device("cuda", index % torch.cuda.device_count())
 
 
 def _as_vector(column: pa.Array) -> pa.StructArray:
@@ -146,30 +71,12 @@ def _vectors_in(
     return predict_vectors
 
 
-def _make_predict(
-    model_bytes: bytes,
-    staged: list[str],
-    keep: int,
-    names: list[str],
-    kinds: list[DataType],
-    use_gpu: bool | None = None,
-):
-    """The function ``mapInArrow`` runs once per task (so the model loads once per task,
-    onto the task's device: :func:`task_device`)."""
-
-    def predict(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        device = task_device(use_gpu)
-        model = cloudpickle.loads(model_bytes).to(device)
-        model.eval()
-        for batch in batches:
-            yield _predict_batch(model, batch, staged, keep, names, kinds, device)
-
-    return predict
-
-
 @with_params(MODEL_PARAMS)
-class RingModel(GeneratedAccessors, Model, MLWritable, MLReadable["RingModel"]):
-    """A torch model trained by :class:`RingEstimator`; ``transform`` appends its outputs.
+class RingModel(ModelAccessors, Model, MLWritable, MLReadable["RingModel"]):
+    """A model trained by :class:`RingEstimator`; ``transform`` appends its outputs.
+
+    Params (each with a generated ``getX`` / ``setX``) are listed in
+    ``estimators._params.MODEL_PARAMS``; the constructor takes them by keyword.
 
     ``save(path)`` / ``RingModel.load(path)`` persist it as Spark ML does (see
     ``estimators._persistence``), inside a ``PipelineModel`` too.
@@ -181,9 +88,25 @@ class RingModel(GeneratedAccessors, Model, MLWritable, MLReadable["RingModel"]):
         write, as for ``torch.load(weights_only=False)``.
     """
 
-    def __init__(self, **kwargs: Any):
+    @keyword_only
+    def __init__(
+        self,
+        *,
+        model: Any = None,
+        history: Sequence[dict[str, Any]] = [],
+        run_id: str | None = None,
+        feature_cols: str | Sequence[str] | None = None,
+        label_cols: str | Sequence[str] | None = None,
+        label_kinds: str | Sequence[str] | None = None,
+        output_cols: str | Sequence[str] | None = None,
+        feature_shapes: Any = None,
+        store: Store | str | None = None,
+        use_gpu: bool | None = None,
+    ) -> None:
+        """Every param of ``MODEL_PARAMS`` as a keyword, defaults as in that table
+        (tests/test_estimator_signature.py keeps them equal)."""
         super().__init__()
-        init_params(self, MODEL_PARAMS, kwargs)
+        init_params(self, MODEL_PARAMS, self.__dict__.pop("_input_kwargs"))
 
     def write(self) -> RingModelWriter:
         return RingModelWriter(self)
@@ -192,8 +115,12 @@ class RingModel(GeneratedAccessors, Model, MLWritable, MLReadable["RingModel"]):
     def read(cls) -> RingModelReader:
         return RingModelReader(cls)
 
+    def _columns(self, name: str) -> list[str]:
+        """``feature_cols`` / ``label_cols``: a model without them fails in transform."""
+        return self.getOrDefault(name)
+
     def _output_names(self) -> list[str]:
-        return self.getOutputCols() or [f"{label}__output" for label in self.getLabelCols()]
+        return self.getOutputCols() or [f"{label}__output" for label in self._columns("label_cols")]
 
     def _feature_shapes(self, df: DataFrame, features: list[str]) -> list[list[int]]:
         shapes = self.getFeatureShapes()
@@ -212,17 +139,17 @@ class RingModel(GeneratedAccessors, Model, MLWritable, MLReadable["RingModel"]):
         if model is None:
             raise ValueError("this RingModel holds no model; set it with setModel(...).")
         kind = framework_of(model)
-        check_columns(df.schema, self.getFeatureCols(), "feature", "setFeatureCols")
+        check_columns(df.schema, self._columns("feature_cols"), "feature", "setFeatureCols")
         clash = [n for n in names if n in df.columns]
         if clash:
             raise ValueError(
                 f"output column(s) {', '.join(clash)} already exist in the DataFrame; "
                 "drop them or choose other names with setOutputCols([...])."
             )
-        if len(names) != len(self.getLabelCols()):
+        if len(names) != len(self._columns("label_cols")):
             raise ValueError(
                 f"output_cols names {len(names)} column(s) but the model has "
-                f"{len(self.getLabelCols())} output(s), one per label column."
+                f"{len(self._columns('label_cols'))} output(s), one per label column."
             )
         label_kinds = self.getLabelKinds()
         if label_kinds is not None and len(label_kinds) != len(names):
@@ -233,7 +160,7 @@ class RingModel(GeneratedAccessors, Model, MLWritable, MLReadable["RingModel"]):
         return kind
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
-        names, features = self._output_names(), self.getFeatureCols()
+        names, features = self._output_names(), self._columns("feature_cols")
         kind = self._check(dataset, names)
         # A feature column already as the model reads it (float, array<float>) is read
         # in place; others get a converted copy. Every column crosses to Python and back
@@ -255,18 +182,10 @@ class RingModel(GeneratedAccessors, Model, MLWritable, MLReadable["RingModel"]):
 
     def _predictor(
         self, kind: str, dataset: DataFrame, staged: list[str], names: list[str]
-    ) -> tuple[list[DataType], Callable[[Iterable[pa.RecordBatch]], Iterable[pa.RecordBatch]]]:
-        """The output column types and the per-task ``mapInArrow`` function for the
+    ) -> tuple[list[DataType], Predictor]:
+        """The output column types and the per-task ``mapInArrow`` function of the
         model's framework (``kind``, from ``_frameworks.framework_of``)."""
-        model = self.getModel()
-        shapes = self._feature_shapes(dataset, self.getFeatureCols())
-        if kind == KERAS:  # Keras: loaded from .keras bytes once per task (_train_keras.py)
-            from ._train_keras import keras_predictor
-
-            return keras_predictor(model, shapes, staged, len(dataset.columns), names)
-        # torch nn.Module and LightningModule predict alike.
-        kinds = _probe_outputs(model, shapes, len(names))
-        predict = _make_predict(
-            cloudpickle.dumps(model), staged, len(dataset.columns), names, kinds, self.getUseGpu()
+        shapes = self._feature_shapes(dataset, self._columns("feature_cols"))
+        return get_framework(kind).predictor(
+            self.getModel(), shapes, staged, len(dataset.columns), names, self.getUseGpu()
         )
-        return kinds, predict

@@ -6,13 +6,20 @@ Each row is a :class:`ParamSpec` (name, type converter, default, doc).
 :func:`init_params` sets the defaults and the keyword arguments of a constructor.
 Converters turn values into their canonical type; range checks that need the
 DataFrame (or give a better message with it) happen in ``fit``.
+
+The table is also the source of the types: each converter names the type it accepts
+and the type it holds (:attr:`ParamSpec.accepts`, :attr:`ParamSpec.holds`). The
+constructors' explicit keyword-only signatures are checked against the table
+(tests/test_estimator_signature.py), and ``_accessor_types.render_accessors`` writes
+the typed declarations of every generated accessor that type checkers read
+(``_accessors.py``, committed; the same test checks it is current).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark.ml.param import Param, Params, TypeConverters
 
@@ -23,7 +30,6 @@ __all__ = [
     "ESTIMATOR_PARAMS",
     "HOROVOD_ONLY_PARAMS",
     "MODEL_PARAMS",
-    "GeneratedAccessors",
     "HorovodParam",
     "ParamSpec",
     "accessor_names",
@@ -41,6 +47,20 @@ class ParamSpec:
     converter: Callable[[Any], Any]
     default: Any
     doc: str
+
+    @property
+    def accepts(self) -> str:
+        """The type a constructor keyword or a setter takes, as an annotation string."""
+        return _optional(_CONVERTER_TYPES[self.converter][0], self.default)
+
+    @property
+    def holds(self) -> str:
+        """The type the getter returns, as an annotation string."""
+        return _optional(_CONVERTER_TYPES[self.converter][1], self.default)
+
+
+def _optional(annotation: str, default: Any) -> str:
+    return f"{annotation} | None" if default is None and annotation != "Any" else annotation
 
 
 # --- converters (None means "unset" and never reaches them) --------------------------
@@ -110,6 +130,22 @@ _str = TypeConverters.toString
 _bool = TypeConverters.toBoolean
 _any = TypeConverters.identity
 
+# converter -> (what it accepts, what it holds), as annotations (None is added where unset)
+_CONVERTER_TYPES: dict[Callable[[Any], Any], tuple[str, str]] = {
+    _int: ("int", "int"),
+    _str: ("str", "str"),
+    _bool: ("bool", "bool"),
+    _any: ("Any", "Any"),
+    _to_columns: ("str | Sequence[str]", "list[str]"),
+    _to_metrics: ("Any", "list[Any]"),
+    _to_store: ("Store | str", "Store"),
+    _to_validation: ("float | str", "float | str"),
+    _to_callable: ("Callable[..., Any]", "Callable[..., Any]"),
+    _to_callbacks: ("Any", "list[Any]"),
+    _to_history: ("Sequence[dict[str, Any]]", "list[dict[str, Any]]"),
+    _to_label_kinds: ("str | Sequence[str]", "list[str]"),
+}
+
 
 # One row per param, kept one line each so that the table reads as a table.
 # fmt: off
@@ -155,14 +191,6 @@ MODEL_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("use_gpu", _bool, None, "torch: transform() predicts on the task's GPU; None (default): when the task sees CUDA; True: a task without CUDA fails"),
 )
 # fmt: on
-
-
-class GeneratedAccessors:
-    """Mixin telling type checkers that a class has generated ``getX`` / ``setX``."""
-
-    if TYPE_CHECKING:
-
-        def __getattr__(self, name: str) -> Any: ...
 
 
 def _camel(name: str) -> str:

@@ -5,9 +5,14 @@ Layout under ``path`` (a local path or a URL Spark and fsspec both understand)::
     <path>/metadata/          Spark ML's JSON metadata (DefaultParamsWriter): class, uid,
                               the JSON params (history, run_id, columns, label kinds,
                               feature shapes, the store's prefix) and ``ringtrain`` extras
-    <path>/model/weights.pt   torch.save of the module's state_dict (+ non-persistent buffers)
-    <path>/model/module.pkl   cloudpickle of the module's *structure*, its tensors on the
-                              ``meta`` device (no weights)
+    <path>/model/weights.pt   torch (and Lightning): torch.save of the module's state_dict
+                              (+ non-persistent buffers; _framework_torch.save_module)
+    <path>/model/module.pkl   torch: cloudpickle of the module's *structure*, its tensors
+                              on the ``meta`` device (no weights)
+    <path>/model/model.keras  Keras: the model in Keras's own format
+
+The framework (recorded in the metadata) writes and reads ``<path>/model/``
+(``_frameworks.get_framework(...).save_model`` / ``load_model``).
 
 Why cloudpickle for the structure: a module's class is often defined in a notebook or a
 training script that the loading process cannot import; cloudpickle stores such a class
@@ -23,17 +28,11 @@ Because the writer and reader follow ``DefaultParamsWriter``'s metadata, a fitte
 
 from __future__ import annotations
 
-import copy
-import io
-import posixpath
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
-import fsspec
-import torch
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
-from ._frameworks import FRAMEWORKS, KERAS, TORCH, framework_of
+from ._frameworks import FRAMEWORKS, TORCH, framework_of, get_framework
 from ._store import Store
 
 if TYPE_CHECKING:
@@ -52,51 +51,6 @@ _JSON_PARAMS = (
     "feature_shapes",
     "use_gpu",
 )
-
-
-def _join(path: str, *parts: str) -> str:
-    return posixpath.join(path.rstrip("/"), *parts)
-
-
-def _extra_buffers(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Buffers ``state_dict`` leaves out (registered with ``persistent=False``)."""
-    saved = module.state_dict()
-    return {
-        name: buf.detach().clone()
-        for name, buf in module.named_buffers()
-        if name not in saved and buf is not None
-    }
-
-
-def _structure(module: torch.nn.Module) -> bytes:
-    """The module without its weights: a copy on the ``meta`` device, cloudpickled."""
-    skeleton = copy.deepcopy(module).to("meta")
-    return cloudpickle.dumps(skeleton)
-
-
-def save_module(module: torch.nn.Module, path: str) -> None:
-    weights = io.BytesIO()
-    torch.save(
-        {"state_dict": module.state_dict(), "extra_buffers": _extra_buffers(module)}, weights
-    )
-    with fsspec.open(_join(path, "model", "weights.pt"), "wb") as f:
-        f.write(weights.getvalue())
-    with fsspec.open(_join(path, "model", "module.pkl"), "wb") as f:
-        f.write(_structure(module))
-
-
-def load_module(path: str) -> torch.nn.Module:
-    with fsspec.open(_join(path, "model", "module.pkl"), "rb") as f:
-        module = cloudpickle.loads(f.read())
-    with fsspec.open(_join(path, "model", "weights.pt"), "rb") as f:
-        saved = torch.load(io.BytesIO(f.read()), weights_only=True)
-    module = module.to_empty(device="cpu")
-    module.load_state_dict(saved["state_dict"], strict=True)
-    for name, value in saved["extra_buffers"].items():
-        owner, _, attr = name.rpartition(".")
-        module.get_submodule(owner).register_buffer(attr, value, persistent=False)
-    module.eval()
-    return module
 
 
 class RingModelWriter(MLWriter):
@@ -128,13 +82,7 @@ class RingModelWriter(MLWriter):
         DefaultParamsWriter.saveMetadata(
             model, path, self.sparkSession, extraMetadata=extra, paramMap=params
         )
-        if kind == KERAS:  # Keras: <path>/model/model.keras (_train_keras.py)
-            from ._train_keras import save_keras_model
-
-            save_keras_model(module, path)
-            return
-        # torch nn.Module and LightningModule: weights + structure (save_module).
-        save_module(module, path)
+        get_framework(kind).save_model(module, path)  # under <path>/model/
 
 
 class RingModelReader(MLReader["RingModel"]):
@@ -163,12 +111,7 @@ class RingModelReader(MLReader["RingModel"]):
         kind = metadata["ringtrain"].get("framework", TORCH)  # format 1 before Keras: torch
         if kind not in FRAMEWORKS:
             raise ValueError(f"{path} holds a model of unknown framework {kind!r}.")
-        if kind == KERAS:  # Keras: <path>/model/model.keras (_train_keras.py)
-            from ._train_keras import load_keras_model
-
-            module = load_keras_model(path)
-        else:
-            module = load_module(path)  # torch and lightning
+        module = get_framework(kind).load_model(path)
         instance = self.cls(model=module, **params)
         if store is not None:
             instance.setStore(Store.create(store))

@@ -23,18 +23,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from ringcore.data import resolve_reader, to_numpy_columns
 
-from ._checks import check_data, check_first_batch
-from ._columns import feature_expr, label_expr
+from ._checks import check_data
+from ._columns import read_columns, selected_columns, validation_marker
 from ._config import FitConfig
+from ._frameworks import get_framework
 from ._store import Store
 
 log = logging.getLogger("ringtrain.estimators")
 
-__all__ = ["PreparedData", "clear_cache", "describe_parquet", "prepare_data"]
+__all__ = [
+    "PreparedData",
+    "check_parquet_columns",
+    "clear_cache",
+    "describe_parquet",
+    "prepare_data",
+]
 
 
 @dataclass(frozen=True)
@@ -126,6 +132,24 @@ def _steps_per_epoch(cfg: FitConfig, train_rows: int) -> int:
     return max(1, train_rows // (cfg.batch_size * cfg.num_proc))
 
 
+def check_parquet_columns(cfg: FitConfig, paths: list[str]) -> None:
+    """Data already in the store must exist and hold every column the params name."""
+    wanted = read_columns(cfg.feature_cols, cfg.label_cols, cfg.sample_weight_col)
+    for path in paths:
+        if not cfg.store.exists(path):
+            raise ValueError(
+                f"no Parquet data at {path}; pass paths inside the store {cfg.store.prefix_path}, "
+                "e.g. store.get_train_data_path(0) of an earlier fit."
+            )
+        present = cfg.store.parquet_dataset(path).schema.names
+        missing = [c for c in wanted if c not in present]
+        if missing:
+            raise ValueError(
+                f"the Parquet data at {path} has no column(s) {', '.join(missing)}; its columns "
+                f"are: {', '.join(present)}. Set feature_cols / label_cols to columns it has."
+            )
+
+
 def describe_parquet(cfg: FitConfig, train_path: str, val_path: str | None) -> PreparedData:
     """Check Parquet already in the store (row counts, row groups, nulls) and describe it."""
     train_rows = _check_files(cfg.store, train_path, "training", cfg.num_proc, cfg.reader)
@@ -144,13 +168,10 @@ def describe_parquet(cfg: FitConfig, train_path: str, val_path: str | None) -> P
 
 def _split(df: DataFrame, cfg: FitConfig) -> tuple[DataFrame, DataFrame | None]:
     """The selected columns of the training rows and of the validation rows (or None)."""
-    schema = df.schema
-    columns = [feature_expr(schema[c]) for c in cfg.feature_cols]
-    columns += [label_expr(schema[c]) for c in cfg.label_cols]
-    if cfg.sample_weight_col is not None:
-        columns.append(F.col(f"`{cfg.sample_weight_col}`").cast("float"))
+    schema, weight = df.schema, cfg.sample_weight_col
+    columns = [e for _, _, e in selected_columns(schema, cfg.feature_cols, cfg.label_cols, weight)]
     if isinstance(cfg.validation, str):
-        marked = F.coalesce(F.col(f"`{cfg.validation}`").cast("boolean"), F.lit(False))
+        marked = validation_marker(cfg.validation)
         return df.filter(~marked).select(*columns), df.filter(marked).select(*columns)
     selected = df.select(*columns)
     if cfg.validation > 0:
@@ -187,21 +208,23 @@ def _cached(key: tuple[Any, ...], cfg: FitConfig) -> PreparedData | None:
 
 
 def _first_rows(cfg: FitConfig, path: str) -> dict[str, Any]:
-    columns = cfg.feature_cols + cfg.label_cols
-    if cfg.sample_weight_col is not None:
-        columns.append(cfg.sample_weight_col)
+    columns = read_columns(cfg.feature_cols, cfg.label_cols, cfg.sample_weight_col)
     return to_numpy_columns(cfg.store.parquet_dataset(path).head(2, columns=columns), columns)
 
 
 def prepare_data(df: DataFrame, cfg: FitConfig) -> PreparedData:
-    """Select and flatten the columns, split off validation, write Parquet under the Store
-    (or reuse what an earlier fit of the same data wrote)."""
+    """Check the data (one job, and a first batch through the model), select and flatten
+    the columns, split off validation, write Parquet under the Store (or reuse what an
+    earlier fit of the same data wrote)."""
+    framework = get_framework(cfg.framework)
     key = _cache_key(df, cfg)
     cached = _cached(key, cfg)
     if cached is not None:
-        check_first_batch(cfg, _first_rows(cfg, cached.train_path))  # this fit's model and loss
+        framework.check_first_batch(cfg, _first_rows(cfg, cached.train_path))  # this fit's model
         return cached
-    check_data(df, cfg)  # one job (rows, nulls, NaNs, a first batch); writes nothing
+    batch = check_data(df, cfg)  # one job (rows, nulls, NaNs, two rows); writes nothing
+    if batch is not None:
+        framework.check_first_batch(cfg, batch)  # through the model and the loss
     train_df, val_df = _split(df, cfg)
     idx = cfg.store.next_data_index()
     train_path = cfg.store.get_train_data_path(idx)

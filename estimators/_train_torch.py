@@ -32,7 +32,6 @@ import ringcore.torch as hvd
 from ringcore.data import make_reader, read_shard
 
 from ._callbacks import CallbackList
-from ._frameworks import LIGHTNING, TORCH
 from ._lightning import (
     LogRecorder,
     attach_recorder,
@@ -54,7 +53,7 @@ class TrainSpec(DataSpec):
     user_objects: bytes  # cloudpickle of (model, optimizer class, loss, metrics)
     optimizer_groups: list[list[int]]  # per param group: indices into model.parameters()
     optimizer_state: dict[str, Any]  # the driver optimizer's state_dict()
-    framework: str = TORCH  # _frameworks.TORCH or LIGHTNING (its own training_step)
+    lightning: bool = False  # a LightningModule: its own configure_optimizers / training_step
     use_gpu: bool = False  # model and batches on cuda:<local rank>
     inmemory_cache_all: bool = False  # read the shard once, serve every epoch from memory
 
@@ -126,7 +125,7 @@ def _device(spec: TrainSpec) -> torch.device:
     if spec.use_gpu and torch.cuda.is_available():
         # The GPU init() pinned (the one Spark assigned to the task, else the local
         # rank's): the same rule as ringcore's, and torch.cuda.set_device on it.
-        from ringcore._gpu import pin_gpu
+        from ringcore.launch import pin_gpu
 
         return pin_gpu(hvd.local_rank(), hvd.local_size())
     return torch.device("cpu")
@@ -153,7 +152,7 @@ def _rebuild(spec: TrainSpec) -> _Task:
     device = _device(spec)
     model.to(device)
     scheduler, interval, recorder = None, "epoch", None
-    if spec.framework == LIGHTNING:
+    if spec.lightning:
         base, scheduler, interval = lightning_optimizer(model)
         recorder = attach_recorder(model)
     else:
@@ -163,7 +162,7 @@ def _rebuild(spec: TrainSpec) -> _Task:
         named_parameters=model.named_parameters(),
         backward_passes_per_step=spec.backward_passes_per_step,
     )
-    if spec.framework != LIGHTNING:
+    if not spec.lightning:
         optimizer.load_state_dict(spec.optimizer_state)  # the driver's hyper-parameters
     task = _Task(model, optimizer, loss, resolve_metrics(metrics), CallbackList(callbacks), device)
     task.scheduler, task.scheduler_interval, task.recorder = scheduler, interval, recorder

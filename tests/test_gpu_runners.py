@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from ringcore._gpu import GpuUnavailableError
+from ringcore.launch import GpuUnavailableError
 
 pytest.importorskip("pyspark")
 ray = pytest.importorskip("ray")
@@ -27,7 +27,7 @@ ray = pytest.importorskip("ray")
 import ray_runner  # noqa: E402
 import spark_runner  # noqa: E402
 from estimators import Callback, RingEstimator, RingModel, Store, demo  # noqa: E402
-from estimators._model import task_device  # noqa: E402
+from estimators._predict_torch import task_device  # noqa: E402
 from ray_runner import RayExecutor, RingTrainer, RunConfig, ScalingConfig  # noqa: E402
 from spark_runner._task import gpu_env  # noqa: E402
 
