@@ -1,5 +1,6 @@
-"""The notebooks under notebooks/: stored without outputs, as notebooks/_build.py writes
-them, and each one executed headless on a kernel of this interpreter, failing on any
+"""The notebooks under notebooks/: each ``NN_name.ipynb`` stored without outputs, as
+notebooks/_generate.py writes it from its source ``NN_name.py`` (jupytext's percent
+format), and each one executed headless on a kernel of this interpreter, failing on any
 cell error.
 
 The kernel is this test's own Python (``sys.executable -m ipykernel_launcher``) through
@@ -25,6 +26,7 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 psutil = pytest.importorskip("psutil")
 pytest.importorskip("ipykernel")
+pytest.importorskip("jupytext")
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -35,32 +37,42 @@ CELL_TIMEOUT_S = 240
 NOT_EXECUTED: dict[str, str] = {}
 
 
-def _build_module():
-    spec = importlib.util.spec_from_file_location("notebooks_build", NOTEBOOKS / "_build.py")
+def _generator():
+    spec = importlib.util.spec_from_file_location("notebooks_generate", NOTEBOOKS / "_generate.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+def _notebook_names() -> list[str]:
+    return [source.with_suffix(".ipynb").name for source in _generator().sources()]
+
+
 def _stored() -> list[str]:
     return sorted(p.name for p in NOTEBOOKS.glob("*.ipynb"))
 
 
-def test_the_notebooks_are_the_ones_the_build_script_writes_without_outputs():
-    build = _build_module()
-    assert _stored() == sorted(build.NOTEBOOKS), "a notebook is missing or not made by _build.py"
-    for name in build.NOTEBOOKS:
+def test_the_notebooks_are_the_ones_their_sources_generate_without_outputs():
+    generate = _generator()
+    sources = generate.sources()
+    assert sources, "no notebook source notebooks/NN_name.py"
+    assert _stored() == _notebook_names(), (
+        "every notebooks/NN_name.ipynb is generated from a notebooks/NN_name.py beside it; "
+        "a source or a notebook is missing: run `python notebooks/_generate.py`"
+    )
+    for source in sources:
+        name = source.with_suffix(".ipynb").name
         text = (NOTEBOOKS / name).read_text()
-        assert text == build.build(name), (
-            f"notebooks/{name} differs from what notebooks/_build.py writes; edit the cell in "
-            "_build.py and run `python notebooks/_build.py`"
+        assert text == generate.build(source), (
+            f"notebooks/{name} differs from what its source notebooks/{source.name} generates; "
+            "edit the .py and run `python notebooks/_generate.py`"
         )
         nb = nbformat.reads(text, as_version=4)
         for cell in nb.cells:
             if cell.cell_type == "code":
                 assert cell.outputs == [] and cell.execution_count is None, f"{name} holds outputs"
-    assert set(NOT_EXECUTED) <= set(build.NOTEBOOKS)
+    assert set(NOT_EXECUTED) <= set(_notebook_names())
 
 
 @pytest.fixture(scope="module")
@@ -145,8 +157,6 @@ def _execute(path: Path, workdir: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize(
-    "name", [n for n in sorted(_build_module().NOTEBOOKS) if n not in NOT_EXECUTED]
-)
+@pytest.mark.parametrize("name", [n for n in _notebook_names() if n not in NOT_EXECUTED])
 def test_the_notebook_runs_headless_without_a_cell_error(name, kernel_env, tmp_path):
     _execute(NOTEBOOKS / name, tmp_path)
