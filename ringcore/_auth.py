@@ -64,13 +64,16 @@ def mac(key: str | bytes, *parts: str | bytes) -> bytes:
 def verify(expected: str | bytes, got: object) -> bool:
     """Constant-time comparison; False for anything that is not a str/bytes of the same kind."""
     if isinstance(expected, str):
-        return isinstance(got, str) and hmac.compare_digest(expected, got)
+        # as UTF-8 bytes: compare_digest raises TypeError on a non-ASCII str (a stranger's
+        # MAC must be refused, never crash the handshake)
+        return isinstance(got, str) and hmac.compare_digest(_bytes(expected), _bytes(got))
     return isinstance(got, bytes) and hmac.compare_digest(expected, got)
 
 
 def answer(secret: str, challenge: str) -> str:
-    """The hex HMAC a client sends back for a server's ``challenge`` (spark_runner's log server)."""
-    return hmac.new(_bytes(secret), _bytes(challenge), hashlib.sha256).hexdigest()
+    """The hex HMAC a client sends back for a server's ``challenge`` (spark_runner's log
+    server), under its own domain label: no other use of the secret yields the same MAC."""
+    return mac(secret, "ringtrain/log-server", challenge).hex()
 
 
 def session_key(secret: str, server_nonce: str, client_nonce: str, rank: int) -> bytes:

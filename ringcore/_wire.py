@@ -25,6 +25,7 @@ import struct
 import threading
 from typing import Any
 
+from . import _config as cfg
 from ._auth import AuthenticationError, mac, new_nonce, session_key, verify
 
 _HEADER = struct.Struct("!I")
@@ -36,11 +37,39 @@ HANDSHAKE_TIMEOUT_S = 10.0
 PROTOCOL = 1
 
 
+def bound_silence(sock: socket.socket, timeout_s: float | None = None) -> None:
+    """Make a peer that stops answering (a partitioned or powered-off host, which sends
+    no RST) fail this socket within about ``timeout_s`` (default
+    ``RING_CONTROL_TIMEOUT_SECONDS``): keepalive probes while the connection is idle, and
+    ``TCP_USER_TIMEOUT`` while sent data waits for an acknowledgement. Options the
+    platform lacks are skipped (the bound then is the OS default)."""
+    if timeout_s is None:
+        timeout_s = cfg.get_float(cfg.CONTROL_TIMEOUT_ENV_VAR, cfg.DEFAULT_CONTROL_TIMEOUT_S)
+    if timeout_s <= 0:
+        return  # 0: the OS defaults (hours)
+    idle = max(1, int(timeout_s / 3))
+    interval = max(1, int(timeout_s / 9))
+    options = [
+        (socket.SOL_SOCKET, getattr(socket, "SO_KEEPALIVE", None), 1),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), idle),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), interval),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), 6),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), int(timeout_s * 1000)),
+    ]
+    for level, option, value in options:
+        if option is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(level, option, value)
+
+
 class Channel:
-    """One TCP connection carrying whole JSON messages; ``send`` is thread-safe."""
+    """One TCP connection carrying whole JSON messages; ``send`` is thread-safe. A peer
+    that stops answering fails it within ``RING_CONTROL_TIMEOUT_SECONDS``
+    (:func:`bound_silence`)."""
 
     def __init__(self, sock: socket.socket, max_message: int = MAX_MESSAGE):
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        bound_silence(sock)
         self.sock = sock
         self.max_message = max_message
         self._send_lock = threading.Lock()
@@ -114,7 +143,8 @@ class Channel:
             chunk = self.sock.recv(1 << 20)
         except BlockingIOError:
             return [], True
-        except ConnectionError:
+        except OSError as exc:  # reset, timed out (keepalive), host unreachable, ...
+            self.error = exc
             return self._drain()[0], False
         if not chunk:
             return self._drain()[0], False
@@ -136,7 +166,7 @@ class Channel:
                 frame = bytes(self._buf[_HEADER.size : _HEADER.size + n])
                 del self._buf[: _HEADER.size + n]
                 out.append(self._decode(frame))
-        except (ConnectionError, ValueError) as exc:
+        except (ConnectionError, ValueError, RecursionError) as exc:  # RecursionError: nested JSON
             self.error = exc
             self._buf.clear()
             return out, False
@@ -194,7 +224,7 @@ def accept_handshake(
             )
         assert isinstance(rank, int) and isinstance(nonce, str)
         ch.send({"t": "welcome", "mac": _welcome_mac(secret, server_nonce, nonce, rank)})
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested JSON
         ch.close()
         if isinstance(exc, AuthenticationError):
             raise
@@ -232,7 +262,7 @@ def connect_handshake(
             }
         )
         reply = ch.recv()
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested JSON
         ch.close()
         if isinstance(exc, AuthenticationError):
             raise

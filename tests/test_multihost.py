@@ -20,6 +20,7 @@ import time
 
 import pytest
 from _netns import Cluster, kill_tree, unavailable
+from _reliability import record
 
 from ringcore import topology_from_hosts, worker_env
 
@@ -163,6 +164,102 @@ def _ring_with_placement():
     }
 
 
+_LOOP_UNTIL_FAILURE = """
+import json, sys, time
+import torch
+import ringcore.torch as hvd
+
+hvd.init()
+step = 0
+try:
+    while True:
+        hvd.allreduce(torch.ones(1024), op=hvd.Sum, name="step")
+        step += 1
+        if step == 20:
+            print("READY", flush=True)
+        time.sleep(0.02)
+except Exception as exc:
+    print("FAILED", json.dumps({"rank": hvd.rank(), "type": type(exc).__name__,
+                                "message": str(exc), "at": time.time(), "step": step}), flush=True)
+    sys.exit(3)
+"""
+
+
+def _partition_and_time(cluster, cut, extra):
+    """Two ranks, one per host, allreducing until ``cut(host)`` isolates or kills host 1;
+    each survivor's (exit code, failure report, seconds from the cut to its failure)."""
+    port = random.randint(20000, 40000)
+    hosts = cluster.hosts
+    procs = []
+    try:
+        for rank, host in enumerate(hosts):
+            topo = topology_from_hosts([h.addr for h in hosts], rank)
+            env = {**_clean_env(), **worker_env(topo, hosts[0].addr, port), **extra}
+            env.pop("RING_HOSTNAME", None)
+            procs.append(
+                subprocess.Popen(
+                    host.wrap([sys.executable, "-c", _LOOP_UNTIL_FAILURE]), env=env,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                    start_new_session=True,
+                )
+            )  # fmt: skip
+        for proc in procs:  # both in the loop
+            line = proc.stdout.readline()
+            assert line.startswith("READY"), (line, proc.stderr.read()[-3000:])
+        cut_at = time.time()
+        cut(hosts[1], procs[1])
+        out, err = procs[0].communicate(timeout=120)
+        done = time.time()
+    finally:
+        for p in procs:
+            kill_tree(p)
+        _ip_link(cluster, 1, "up")
+    reports = [
+        json.loads(line.split(" ", 1)[1]) for line in out.splitlines() if line.startswith("FAILED ")
+    ]
+    assert reports, (procs[0].returncode, out[-2000:], err[-3000:])
+    return procs[0].returncode, reports[0], done - cut_at
+
+
+def _ip_link(cluster, index: int, state: str) -> None:
+    """The bridge side of host ``index``'s cable: "down" partitions it (no RST, nothing)."""
+    subprocess.run(
+        ["ip", "link", "set", f"rt{cluster.tag}v{index}", state], check=False, capture_output=True
+    )
+
+
+_SHORT_TIMEOUTS = {"RING_GLOO_TIMEOUT_SECONDS": "8", "RING_CONTROL_TIMEOUT_SECONDS": "8"}
+
+
+@pytest.mark.slow
+@pytest.mark.reliability(
+    fault="a host partitioned from the others (its link down)", category="fault"
+)
+def test_a_partitioned_host_fails_the_survivor_within_the_timeouts_naming_it(cluster, request):
+    rc, report, seconds = _partition_and_time(
+        cluster, lambda host, proc: _ip_link(cluster, 1, "down"), _SHORT_TIMEOUTS
+    )
+    print(f"partition: rank 0 failed {seconds:.1f} s after the cut: {report}")
+    record(request, detect_s=seconds, note="RING_CONTROL_TIMEOUT_SECONDS=8, Gloo timeout 8 s")
+    assert rc == 3 and report["rank"] == 0
+    assert seconds < 30  # Gloo's 8 s or the control connection's 8 s, plus slack
+    assert cluster.hosts[1].addr in report["message"] or "rank 1" in report["message"]
+
+
+@pytest.mark.slow
+@pytest.mark.reliability(fault="a host lost (every process on it killed)", category="fault")
+def test_a_host_whose_processes_die_fails_the_survivor_at_once_naming_it(cluster, request):
+    def kill_host(host, proc):
+        kill_tree(proc, grace_s=0)
+
+    rc, report, seconds = _partition_and_time(cluster, kill_host, {})
+    print(f"host loss: rank 0 failed {seconds:.1f} s after the kill: {report}")
+    record(request, detect_s=seconds)
+    assert rc == 3 and report["rank"] == 0
+    assert seconds < 10  # sockets closed by the dying host's kernel: no timeout involved
+    assert cluster.hosts[1].addr in report["message"] or "rank 1" in report["message"]
+
+
 @pytest.fixture(scope="module")
 def spark_on_two_hosts(cluster, tmp_path_factory):
     """A standalone master on the bridge, one 2-core worker on each namespace host."""
@@ -256,6 +353,83 @@ def test_spark_run_across_two_hosts_numbers_ranks_host_by_host(cluster, spark_on
     assert time.monotonic() - started < 90
 
 
+def _elastic_ring_with_placement():
+    import socket
+
+    import torch
+
+    import ringcore.torch as hvd
+    from ringcore.torch import elastic
+
+    hvd.init()
+    state = elastic.ObjectState(steps=0)
+
+    @elastic.run
+    def train(state):
+        total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
+        state.steps += 1
+        state.commit()
+        return {
+            "rank": hvd.rank(),
+            "local_rank": hvd.local_rank(),
+            "local_size": hvd.local_size(),
+            "cross_rank": hvd.cross_rank(),
+            "cross_size": hvd.cross_size(),
+            "sum": total,
+            "hostname": socket.gethostname(),
+        }
+
+    return train(state)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_run_elastic_across_two_hosts_numbers_ranks_host_by_host(cluster, spark_on_two_hosts):
+    import io
+
+    import spark_runner
+
+    _, logs = spark_on_two_hosts
+    try:
+        results = spark_runner.run_elastic(
+            _elastic_ring_with_placement, num_proc=4, start_timeout=90, stdout=io.StringIO()
+        )
+    except Exception as exc:
+        raise AssertionError(f"{exc}\n{logs()}") from exc
+    print([(r["rank"], r["hostname"]) for r in results])
+    assert [r["rank"] for r in results] == [0, 1, 2, 3]
+    assert all(r["sum"] == 10.0 for r in results)
+    hostnames = [r["hostname"] for r in results]
+    assert hostnames[0] == hostnames[1] != hostnames[2] == hostnames[3]
+    for r in results:
+        assert (r["local_size"], r["cross_size"]) == (2, 2)
+        assert r["cross_rank"] == r["rank"] // r["local_size"]
+        assert r["local_rank"] == r["rank"] % r["local_size"]
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("url", [False, True], ids=["path", "fsspec-url"])
+def test_ring_estimator_fits_and_transforms_across_two_hosts(
+    cluster, spark_on_two_hosts, tmp_path, url
+):
+    from estimators import Store, demo
+
+    spark, logs = spark_on_two_hosts
+    # a directory every host sees (the namespaces share the file system, as an NFS
+    # mount or a FUSE volume would), as a path and as an fsspec URL
+    store = Store.create(("file://" if url else "") + str(tmp_path / "store"))
+    estimator = demo.make_estimator(store, epochs=3).setNumProc(4)  # 2 slots per host
+    train_df, test_df = demo.digits_frame(spark).randomSplit([0.8, 0.2], seed=demo.SEED)
+    try:
+        model = estimator.fit(train_df)
+        accuracy = demo.held_out_accuracy(model, test_df)
+    except Exception as exc:
+        raise AssertionError(f"{exc}\n{logs()}") from exc
+    assert len(model.getHistory()) == 3
+    assert accuracy >= 0.6, model.getHistory()
+
+
 _RAY_DRIVER = """
 import json, os, sys, time
 import ray
@@ -280,9 +454,39 @@ def where():
 executor = RayExecutor(num_workers=4, cpus_per_worker=1)
 executor.start()
 try:
-    print(json.dumps(executor.run(where)), flush=True)
+    print("RESULT", json.dumps(executor.run(where)), flush=True)
 finally:
     executor.shutdown()
+
+from ray_runner import RingTrainer, RunConfig, ScalingConfig
+
+def loop(config):
+    import ringcore.torch as hvd
+    import ray_runner
+    from ringcore.torch import elastic
+    hvd.init()
+    state = elastic.ObjectState(steps=0)
+
+    @elastic.run
+    def train(state):
+        everyone = hvd.allgather_object(where())
+        state.steps += 1
+        state.commit()
+        ray_runner.report({"ranks": everyone})
+
+    if config["elastic"]:
+        train(state)
+    else:
+        ray_runner.report({"ranks": hvd.allgather_object(where())})
+
+for elastic_run in (False, True):
+    workers = (2, 4) if elastic_run else 4
+    trainer = RingTrainer(
+        loop, train_loop_config={"elastic": elastic_run},
+        scaling_config=ScalingConfig(num_workers=workers),
+        run_config=RunConfig(name=f"multihost-{elastic_run}", storage_path=sys.argv[3]),
+    )
+    print("RESULT", json.dumps(trainer.fit().metrics["ranks"]), flush=True)
 """
 
 
@@ -298,7 +502,9 @@ def _wait_for(addr: str, port: int, proc: subprocess.Popen, timeout_s: float) ->
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_ray_executor_across_two_hosts_numbers_ranks_host_by_host(cluster, tmp_path):
+def test_ray_executor_and_ring_trainer_across_two_hosts_number_ranks_host_by_host(
+    cluster, tmp_path
+):
     pytest.importorskip("ray")
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
     head, other = cluster.hosts
@@ -323,8 +529,8 @@ def test_ray_executor_across_two_hosts_numbers_ranks_host_by_host(cluster, tmp_p
             if host is head:
                 _wait_for(head.addr, int(gcs.split(":")[1]), procs[0], 60)
         driver = subprocess.run(
-            head.wrap([sys.executable, "-c", _RAY_DRIVER, gcs, head.addr]),
-            env=env, capture_output=True, text=True, timeout=150,
+            head.wrap([sys.executable, "-c", _RAY_DRIVER, gcs, head.addr, str(tmp_path / "runs")]),
+            env=env, capture_output=True, text=True, timeout=300,
         )  # fmt: skip
     finally:
         for proc in reversed(procs):
@@ -332,13 +538,17 @@ def test_ray_executor_across_two_hosts_numbers_ranks_host_by_host(cluster, tmp_p
         shutil.rmtree(temp_dir, ignore_errors=True)
     logs = "\n".join(p.read_text()[-1500:] for p in tmp_path.glob("*.log"))
     assert driver.returncode == 0, driver.stderr[-4000:] + logs
-    results = json.loads(driver.stdout.strip().splitlines()[-1])
-    assert [r["rank"] for r in results] == [0, 1, 2, 3]
-    assert all(r["sum"] == 10.0 for r in results)
-    ips = [r["ip"] for r in results]
-    assert ips[0] == ips[1] != ips[2] == ips[3]
-    assert set(ips) == {head.addr, other.addr}
-    for r in results:
-        assert (r["local_size"], r["cross_size"]) == (2, 2)
-        assert r["cross_rank"] == r["rank"] // r["local_size"]
-        assert r["gloo_iface"] == "eth0"
+    # RayExecutor.run, then RingTrainer.fit fixed (4 workers) and elastic (2 to 4)
+    lines = driver.stdout.splitlines()
+    runs = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("RESULT ")]
+    assert len(runs) == 3, driver.stdout[-4000:]
+    for results in runs:
+        assert [r["rank"] for r in results] == [0, 1, 2, 3]
+        ips = [r["ip"] for r in results]
+        assert ips[0] == ips[1] != ips[2] == ips[3]
+        assert set(ips) == {head.addr, other.addr}
+        for r in results:
+            assert (r["local_size"], r["cross_size"]) == (2, 2)
+            assert r["cross_rank"] == r["rank"] // r["local_size"]
+            assert r["gloo_iface"] == "eth0"
+    assert all(r["sum"] == 10.0 for r in runs[0])
