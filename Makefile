@@ -8,10 +8,14 @@ STAMP := $(VENV)/.installed
 CUR_VENV := .venv-current
 CUR_PY := $(CUR_VENV)/bin/python
 CUR_STAMP := $(CUR_VENV)/.installed
+S35_VENV := .venv-spark35
+S35_PY := $(S35_VENV)/bin/python
+S35_STAMP := $(S35_VENV)/.installed
+S35_PYSPARK := 3.5.0
 EXTRAS := spark,petastorm,ray,tensorflow,lightning,mlflow,mpi,notebooks,dev
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test test-current bench lint install clean reliability conformance cluster-up cluster-down
+.PHONY: demo test test-current test-spark35 bench lint install clean reliability conformance cluster-up cluster-down
 
 install: $(STAMP)
 
@@ -27,9 +31,10 @@ demo: $(STAMP)
 	$(PY) -m estimators.demo
 
 # The whole suite on the main stack, then the second stack's subset (below).
-test: $(STAMP) $(CUR_STAMP)
+test: $(STAMP) $(CUR_STAMP) $(S35_STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests
 	$(MAKE) --no-print-directory test-current
+	$(MAKE) --no-print-directory test-spark35
 
 # The second tested stack: the newest releases (constraints-current.txt: pyspark 4.3,
 # ray 2.60, pyarrow 26, numpy 2, pandas < 3), without Petastorm (the Arrow reader), in
@@ -47,6 +52,25 @@ $(CUR_STAMP): pyproject.toml constraints-current.txt Makefile
 
 test-current: $(CUR_STAMP)
 	$(CUR_PY) -m pytest -p no:cacheprovider -k "not petastorm and not runs_past_one_epoch" $(CURRENT_TESTS)
+
+# The third tested stack: Spark 3.5 as the Databricks LTS runtimes have it. pyspark is
+# installed first and ringtrain after it, without a pyspark pin (constraints-spark35.txt):
+# the install must leave the runtime's pyspark alone, and the stamp step fails if it did
+# not. Then the Spark runner, store, data and estimator tests (Connect: on 4.x only).
+S35_TESTS := tests/test_data.py tests/test_stores.py tests/test_estimators.py \
+	tests/test_estimators_persistence.py tests/test_spark_runner.py
+
+$(S35_STAMP): pyproject.toml constraints-spark35.txt Makefile
+	test -x $(S35_PY) || $(PYTHON) -m venv $(S35_VENV)
+	$(S35_PY) -m pip install -q -c constraints-spark35.txt torch==2.13.0 "pyspark[connect]==$(S35_PYSPARK)"
+	$(S35_PY) -m pip install -q -c constraints-spark35.txt -e ".[spark,petastorm,dev]"
+	$(S35_PY) -c "import importlib.metadata as m, sys; v = m.version('pyspark'); \
+		sys.exit(0 if v == '$(S35_PYSPARK)' else f'installing ringtrain replaced pyspark $(S35_PYSPARK) by {v}: the spark extra must not force a pyspark version')"
+	$(S35_PY) -m ringcore._stackcheck
+	touch $(S35_STAMP)
+
+test-spark35: $(S35_STAMP)
+	$(S35_PY) -m pytest -p no:cacheprovider $(S35_TESTS)
 
 bench: $(STAMP)
 	$(PY) bench/collectives.py
@@ -80,7 +104,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) $(CUR_VENV) build *.egg-info
+	rm -rf $(VENV) $(CUR_VENV) $(S35_VENV) build *.egg-info
 
 # Hosts made of network namespaces on a bridge (198.18.0.0/24), to try a job across
 # hosts by hand (root and `ip netns`); see docs/cluster.md and tools/cluster.py.

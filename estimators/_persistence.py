@@ -80,9 +80,18 @@ class RingModelWriter(MLWriter):
             }
         }
         DefaultParamsWriter.saveMetadata(
-            model, path, self.sparkSession, extraMetadata=extra, paramMap=params
+            model, path, _metadata_context(self.sparkSession), extraMetadata=extra, paramMap=params
         )
         get_framework(kind).save_model(module, path)  # under <path>/model/
+
+
+def _metadata_context(spark: Any) -> Any:
+    """What Spark ML's metadata reader and writer take: pyspark 3.5 wants the
+    SparkContext (it calls ``sc.parallelize``), 4.x takes either, and a Spark Connect
+    session has no SparkContext at all."""
+    if type(spark).__module__.startswith("pyspark.sql.connect"):
+        return spark
+    return spark.sparkContext
 
 
 class RingModelReader(MLReader["RingModel"]):
@@ -99,7 +108,7 @@ class RingModelReader(MLReader["RingModel"]):
         ``.keras`` file), which runs any code the file holds: load only models you
         trust, from a path only you can write (as ``torch.load(weights_only=False)``).
         ``PipelineModel.load`` of a pipeline holding a RingModel calls this."""
-        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        metadata = DefaultParamsReader.loadMetadata(path, _metadata_context(self.sparkSession))
         version = metadata.get("ringtrain", {}).get("format")
         if version != FORMAT_VERSION:
             raise ValueError(
