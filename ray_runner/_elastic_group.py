@@ -40,6 +40,7 @@ from ringcore.launch import (
     ELASTIC_LATE_ENV_VAR,
     HOSTNAME_ENV_VAR,
     RANK_ENV_VAR,
+    SECRET_KEY_ENV_VAR,
     SIZE_ENV_VAR,
     STORE_ADDR_ENV_VAR,
     STORE_EXTERNAL_ENV_VAR,
@@ -49,6 +50,7 @@ from ringcore.launch import (
     ElasticPolicy,
     Workers,
     get_float,
+    new_secret,
 )
 
 from . import _constants as const
@@ -90,6 +92,8 @@ class ElasticGroup:
         self._actor_cls: Any = None
         self._store: Any = None
         self._store_addr = ""
+        # one per job: authenticates the engine's control connections of every generation
+        self._secret = new_secret()
 
     # -- the attempt ---------------------------------------------------------------
 
@@ -274,7 +278,13 @@ class ElasticGroup:
 
     def _env(self, wid: str, member: _Member, rank: int) -> dict[str, str]:
         topology = topology_from_hosts([m.node_id for m in self.members.values()], rank)
-        env = worker_env(topology, self._store_addr, int(self._store.port), external_store=True)
+        env = worker_env(
+            topology,
+            self._store_addr,
+            int(self._store.port),
+            external_store=True,
+            secret=self._secret,
+        )
         env[HOSTNAME_ENV_VAR] = member.host
         env[ELASTIC_ENV_VAR] = "1"
         env[WORKER_ID_ENV_VAR] = wid
@@ -287,6 +297,7 @@ class ElasticGroup:
             STORE_PORT_ENV_VAR: str(int(self._store.port)),
             STORE_EXTERNAL_ENV_VAR: "1",
             ELASTIC_LATE_ENV_VAR: "1",
+            SECRET_KEY_ENV_VAR: self._secret,
             RANK_ENV_VAR: "0",
             SIZE_ENV_VAR: "1",
             HOSTNAME_ENV_VAR: host,

@@ -116,6 +116,10 @@ STALL_CHECK_TIME_ENV_VAR = "RING_STALL_CHECK_TIME_SECONDS"
 DEFAULT_STALL_CHECK_TIME_S = 60.0
 STALL_SHUTDOWN_TIME_ENV_VAR = "RING_STALL_SHUTDOWN_TIME_SECONDS"
 DEFAULT_STALL_SHUTDOWN_TIME_S = 0.0
+# What the launchers (spark_runner, ray_runner, the estimators) set instead, unless the
+# environment that builds the ranks' variables (or env=) says otherwise: a rank that
+# never submits an op the others wait on fails the job after 10 minutes, not never.
+DEFAULT_LAUNCHED_STALL_SHUTDOWN_TIME_S = 600.0
 STALL_CHECK_DISABLE_ENV_VAR = "RING_STALL_CHECK_DISABLE"
 DYNAMIC_PROCESS_SETS_ENV_VAR = "RING_DYNAMIC_PROCESS_SETS"
 AUTOTUNE_ENV_VAR = "RING_AUTOTUNE"

@@ -53,7 +53,8 @@ def worker_env(
 
     ``secret``: the job's secret (one per job, the same for every rank, e.g.
     ``secrets.token_hex(32)``); it authenticates the engine's control connections. Keep
-    the returned dict out of logs.
+    the returned dict out of logs. ``RING_STALL_SHUTDOWN_TIME_SECONDS`` is set too: the
+    caller's own value, else 600 s (a stalled rank fails the job instead of hanging it).
     """
     env = {
         cfg.RANK_ENV_VAR: str(topology.rank),
@@ -70,6 +71,10 @@ def worker_env(
         env[cfg.HOSTNAME_ENV_VAR] = topology.hosts[topology.rank]
     if secret:
         env[cfg.SECRET_KEY_ENV_VAR] = secret
+    # bounded by default in launched jobs (Horovod's 0 would let one stalled rank hang
+    # the job forever); the launcher's own environment or env= may set another value
+    stall = cfg.get_env(cfg.STALL_SHUTDOWN_TIME_ENV_VAR)
+    env[cfg.STALL_SHUTDOWN_TIME_ENV_VAR] = stall or f"{cfg.DEFAULT_LAUNCHED_STALL_SHUTDOWN_TIME_S:g}"
     return env
 
 

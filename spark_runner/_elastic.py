@@ -33,6 +33,7 @@ from ringcore.launch import (
     ElasticPolicy,
     Workers,
     dumps_with_user_code,
+    new_secret,
 )
 
 from ._connect import is_connect
@@ -243,6 +244,7 @@ class _ElasticJob:
             timestamps=bool(timestamps),
             wait_s=self.wait_s + self.timeout,
             reset_limit=self.reset_limit or 0,
+            ring_secret=new_secret(),  # one per job, never the fallback over Gloo
         )
         group = f"ringtrain-elastic-{uuid.uuid4().hex[:12]}"
         jobs = _SlotJobs(

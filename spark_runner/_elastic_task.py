@@ -33,11 +33,12 @@ class ElasticTaskSpec:
     driver_host: str
     store_port: int
     log_port: int
-    secret: str = field(repr=False)
+    secret: str = field(repr=False)  # the log server's: task connections, error blobs
     env: dict[str, str] = field(default_factory=dict)
     timestamps: bool = False
     wait_s: float = 600.0  # how long a worker waits for a generation that lists it
     reset_limit: int = 0
+    ring_secret: str = field(default="", repr=False)  # the engine's control connections
 
 
 def _rank_label() -> str:
@@ -53,6 +54,7 @@ def _elastic_env(spec: ElasticTaskSpec, worker_id: str, host: str, ctx: Any) -> 
         launch.ELASTIC_LATE_ENV_VAR: "1",  # every worker joins through a generation the driver publishes
         launch.ELASTIC_TIMEOUT_ENV_VAR: str(spec.wait_s),
         launch.RESET_LIMIT_ENV_VAR: str(spec.reset_limit),
+        launch.SECRET_KEY_ENV_VAR: spec.ring_secret,
         launch.STORE_ADDR_ENV_VAR: spec.driver_host,
         launch.STORE_PORT_ENV_VAR: str(spec.store_port),
         launch.STORE_EXTERNAL_ENV_VAR: "1",

@@ -177,3 +177,14 @@ def test_worker_error_survives_pickling_with_its_fields():
 def test_horovod_internal_error_is_an_alias():
     assert ringcore.HorovodInternalError is ringcore.RingInternalError
     assert issubclass(ringcore.RingInternalError, ringcore.RingError)
+
+
+def test_launched_ranks_get_a_bounded_stall_shutdown_unless_the_launcher_says_otherwise(
+    monkeypatch,
+):
+    topo = topology_from_hosts(["x", "x"], 0)
+    for name in ("RING_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"):
+        monkeypatch.delenv(name, raising=False)
+    assert ringcore.worker_env(topo, "h", 1)["RING_STALL_SHUTDOWN_TIME_SECONDS"] == "600"
+    monkeypatch.setenv("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "0")  # Horovod's "never"
+    assert ringcore.worker_env(topo, "h", 1)["RING_STALL_SHUTDOWN_TIME_SECONDS"] == "0"
