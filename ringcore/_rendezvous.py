@@ -74,7 +74,9 @@ def worker_env(
     # bounded by default in launched jobs (Horovod's 0 would let one stalled rank hang
     # the job forever); the launcher's own environment or env= may set another value
     stall = cfg.get_env(cfg.STALL_SHUTDOWN_TIME_ENV_VAR)
-    env[cfg.STALL_SHUTDOWN_TIME_ENV_VAR] = stall or f"{cfg.DEFAULT_LAUNCHED_STALL_SHUTDOWN_TIME_S:g}"
+    env[cfg.STALL_SHUTDOWN_TIME_ENV_VAR] = (
+        stall or f"{cfg.DEFAULT_LAUNCHED_STALL_SHUTDOWN_TIME_S:g}"
+    )
     return env
 
 
