@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _config as cfg
+from ._errors import RendezvousError
 
 __all__ = [
     "NICS_ENV_VARS",
@@ -143,6 +144,31 @@ def interface_addresses() -> dict[str, str]:
                 continue
             found[name] = socket.inet_ntoa(reply[20:24])
     return found
+
+
+def outward_address() -> str:
+    """This host's IPv4 address for peers on other hosts when no store address tells the
+    route (``mpirun`` across hosts): the interface ``RING_IFACE`` (or Gloo's / NCCL's
+    variable) names, else the one holding the hostname's address, else — the hostname
+    resolving to loopback, as on many clusters — the first interface that is neither
+    loopback nor virtual."""
+    interfaces = interface_addresses()
+    try:
+        resolved = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        resolved = "127.0.0.1"
+    choice = choose_interface(os.environ, resolved, interfaces, multi_host=True)
+    name = (choice.name or "").split(",")[0]
+    if name in interfaces:
+        log.info("coordinator address %s on %s (%s)", interfaces[name], name, choice.reason)
+        return interfaces[name]
+    if not resolved.startswith("127."):
+        return resolved
+    raise RendezvousError(
+        f"ringcore found no address of this host that other hosts can reach (the hostname "
+        f"resolves to {resolved}; {choice.reason}); set {cfg.IFACE_ENV_VAR} to the interface "
+        f"that reaches them, or {cfg.HOSTNAME_ENV_VAR} to this host's address"
+    )
 
 
 _set_by_us: dict[str, str] = {}

@@ -169,7 +169,7 @@ def _advertised_address(rdv: Rendezvous) -> str:
         single_host = rdv.topology.local_size == rdv.topology.size
         if host:
             return host
-        return "127.0.0.1" if single_host else socket.gethostbyname(socket.gethostname())
+        return "127.0.0.1" if single_host else _iface.outward_address()
     if rdv.store_addr and (rdv.is_store_host or is_loopback(rdv.store_addr)):
         return rdv.store_addr
     if host and not _resolves_to_loopback(host):

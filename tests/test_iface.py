@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 
 import pytest
 
@@ -98,3 +99,14 @@ def test_a_store_name_resolving_to_loopback_here_does_not_put_a_multi_host_ring_
     assert _iface.choose_interface({}, "127.0.1.1", ifaces, multi_host=False).name is None
     only_virtual = {"lo": "127.0.0.1", "docker0": "172.17.0.1"}
     assert _iface.choose_interface({}, "127.0.0.1", only_virtual, multi_host=True).name is None
+
+
+def test_outward_address_follows_ring_iface_and_is_always_an_address_of_this_host(monkeypatch):
+    for var in ("RING_IFACE", "HOROVOD_GLOO_IFACE", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(var, raising=False)
+    addresses = _iface.interface_addresses()
+    monkeypatch.setenv("RING_IFACE", "lo")
+    assert _iface.outward_address() == addresses["lo"]
+    monkeypatch.delenv("RING_IFACE")
+    resolved = socket.gethostbyname(socket.gethostname())
+    assert _iface.outward_address() in {*addresses.values(), resolved}

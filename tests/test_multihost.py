@@ -67,8 +67,31 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
+_TF_COLLECTIVES = """
+import json, os
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import tensorflow as tf
+import ringcore.tensorflow as hvd
+
+hvd.init()
+total = hvd.allreduce(tf.constant([float(hvd.rank() + 1)]), op=hvd.Sum)
+gathered = hvd.allgather(tf.constant([hvd.rank()]))
+graph_sum = tf.function(lambda: hvd.allreduce(tf.ones([3]) * hvd.rank(), op=hvd.Sum))()
+print(json.dumps({
+    "rank": hvd.rank(), "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(),
+    "sum": float(total.numpy()[0]), "gathered": gathered.numpy().tolist(),
+    "graph_sum": graph_sum.numpy().tolist(),
+}), flush=True)
+hvd.shutdown()
+"""
+
+
 def _run_ranks(
-    cluster: Cluster, per_host: int, extra: dict[str, str], store: str = ""
+    cluster: Cluster,
+    per_host: int,
+    extra: dict[str, str],
+    store: str = "",
+    script: str = _COLLECTIVES,
 ) -> list[tuple[int, str, str]]:
     """One plain subprocess per rank, ``per_host`` on each host, rank 0's host the store."""
     slots = [h for h in cluster.hosts for _ in range(per_host)]
@@ -83,7 +106,7 @@ def _run_ranks(
             env["RING_START_TIMEOUT"] = "40"
             procs.append(
                 subprocess.Popen(
-                    host.wrap([sys.executable, "-c", _COLLECTIVES]),
+                    host.wrap([sys.executable, "-c", script]),
                     env=env,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
@@ -118,6 +141,68 @@ def test_collectives_across_two_hosts_need_no_gloo_socket_ifname(cluster):
         assert r["gloo_iface"] == "eth0"  # the interface on the route to the store
     assert results[0]["hostname"] != results[2]["hostname"]
     assert time.monotonic() - started < 90
+
+
+def test_tensorflow_collectives_across_two_hosts_eager_and_in_a_graph(cluster):
+    pytest.importorskip("tensorflow")
+    results = _results(_run_ranks(cluster, per_host=2, extra={}, script=_TF_COLLECTIVES))
+    assert [r["rank"] for r in results] == [0, 1, 2, 3]
+    for r in results:
+        assert r["sum"] == 10.0 and r["gathered"] == [0, 1, 2, 3]
+        assert r["graph_sum"] == [6.0, 6.0, 6.0]
+        assert r["local_size"] == 2 and r["cross_rank"] == r["rank"] // 2
+
+
+_MPI_JOB = """
+import json, sys, torch
+import ringcore.torch as hvd
+hvd.init()
+r = hvd.rank()
+out = {"rank": r, "size": hvd.size(), "local_rank": hvd.local_rank(),
+       "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(), "mpi": hvd.mpi_enabled(),
+       "sum": hvd.allreduce(torch.tensor([r + 1.0]), op=hvd.Sum).item(),
+       "gather": hvd.allgather(torch.tensor([r])).tolist()}
+hvd.shutdown()
+with open(f"{sys.argv[1]}/result.{r}.json", "w") as f:  # files: mpirun interleaves output
+    json.dump(out, f)
+"""
+
+# Hydra's ssh launcher, with "ssh" replaced by this: the host (its address) is mapped
+# to its namespace, and the proxy runs there under the host's own hostname.
+_MPI_LAUNCHER = """#!/bin/sh
+while [ "${1#-}" != "$1" ]; do shift; done
+host="$1"; shift
+line=$(grep "^$host " "$(dirname "$0")/hosts")
+ns=${line#* }; ns=${ns% *}; name=${line##* }
+cmd=$(echo "$*" | sed 's/--iface [^ ]*//')
+exec ip netns exec "$ns" unshare --uts -- sh -c "hostname $name && $cmd"
+"""
+
+
+def test_mpirun_across_two_hosts_runs_the_mpi_backend_without_a_hand_setting(cluster, tmp_path):
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if not os.path.exists(mpiexec):
+        pytest.skip("mpiexec is not installed (pip install 'ringtrain[mpi]')")
+    launcher = tmp_path / "launch.sh"
+    launcher.write_text(_MPI_LAUNCHER)
+    launcher.chmod(0o755)
+    (tmp_path / "hosts").write_text(
+        "".join(f"{h.addr} {h.ns} {h.hostname}\n" for h in cluster.hosts)
+    )
+    (tmp_path / "job.py").write_text(_MPI_JOB)
+    hosts = ",".join(f"{h.addr}:2" for h in cluster.hosts)
+    proc = subprocess.run(
+        [mpiexec, "-launcher", "ssh", "-launcher-exec", str(launcher),
+         "-iface", cluster.bridge, "-hosts", hosts, "-n", "4",
+         sys.executable, str(tmp_path / "job.py"), str(tmp_path)],
+        env=_clean_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    results = [json.loads((tmp_path / f"result.{r}.json").read_text()) for r in range(4)]
+    for r in results:
+        assert r["size"] == 4 and r["mpi"] is True
+        assert r["sum"] == 10.0 and r["gather"] == [0, 1, 2, 3]
+        assert (r["local_size"], r["cross_rank"]) == (2, r["rank"] // 2)
 
 
 def test_a_store_named_by_a_hostname_that_is_loopback_on_its_own_host_still_works(cluster):
