@@ -637,3 +637,87 @@ def test_ray_executor_and_ring_trainer_across_two_hosts_number_ranks_host_by_hos
             assert r["cross_rank"] == r["rank"] // r["local_size"]
             assert r["gloo_iface"] == "eth0"
     assert all(r["sum"] == 10.0 for r in runs[0])
+
+
+def _elastic_steps_until_done(total_steps):
+    import time
+
+    import torch
+
+    import ringcore.torch as hvd
+    from ringcore.torch import elastic
+
+    hvd.init()
+    state = elastic.ObjectState(step=0, sizes=[])
+
+    @elastic.run
+    def train(state):
+        state.sizes.append(hvd.size())
+        while state.step < total_steps:
+            hvd.allreduce(torch.ones(256), op=hvd.Sum, name="grad")
+            state.step += 1
+            if state.step == 10 and hvd.rank() == 0:
+                print("READY", flush=True)
+            state.commit()
+            time.sleep(0.05)
+        return {"sizes": state.sizes, "rank": hvd.rank(), "size": hvd.size()}
+
+    return train(state)
+
+
+class _Watch:
+    """run_elastic's stdout: calls ``on_ready`` once when a worker prints READY."""
+
+    def __init__(self, on_ready):
+        self.on_ready, self.fired, self.text = on_ready, False, []
+
+    def write(self, text):
+        self.text.append(text)
+        if "READY" in text and not self.fired:
+            self.fired = True
+            self.on_ready()
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.reliability(
+    fault="a host partitioned from an elastic job (run_elastic)", category="fault"
+)
+def test_run_elastic_goes_on_without_a_partitioned_host(
+    cluster, spark_on_two_hosts, monkeypatch, request
+):
+    import spark_runner
+
+    _, logs = spark_on_two_hosts
+    monkeypatch.setenv("RING_CONTROL_TIMEOUT_SECONDS", "8")  # the driver's log server
+    cut_at: list[float] = []
+
+    def cut():
+        cut_at.append(time.monotonic())
+        _ip_link(cluster, 1, "down")
+
+    watch = _Watch(cut)
+    try:
+        results = spark_runner.run_elastic(
+            _elastic_steps_until_done,
+            args=(400,),
+            num_proc=4,
+            min_num_proc=2,
+            start_timeout=90,
+            env={**_SHORT_TIMEOUTS, "RING_START_TIMEOUT": "20"},
+            stdout=watch,
+        )
+        done = time.monotonic()
+    except Exception as exc:
+        raise AssertionError(f"{exc}\n{''.join(watch.text)[-3000:]}\n{logs()}") from exc
+    finally:
+        _ip_link(cluster, 1, "up")
+    assert cut_at, "no worker reported READY"
+    print([(r["rank"], r["sizes"]) for r in results], f"{done - cut_at[0]:.1f} s after the cut")
+    assert [r["size"] for r in results] == [2, 2]
+    assert all(r["sizes"][0] == 4 and r["sizes"][-1] == 2 for r in results)
+    record(request, recover_s=done - cut_at[0], note="control and Gloo timeouts 8 s")
