@@ -12,9 +12,11 @@ the XML holds no reliability test at all.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import datetime
 import os
+import pathlib
 import platform
 import subprocess
 import sys
@@ -23,6 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 PREFIX = "reliability."
+TESTS = pathlib.Path(__file__).resolve().parents[1] / "tests"
 CATEGORY_ORDER = ("fault", "bad-input", "security", "load")
 
 
@@ -59,6 +62,24 @@ def read_cases(path: str) -> list[Case]:
         name = f"{tc.get('classname', '')}::{tc.get('name', '')}"
         out.append(Case(name, outcome, float(tc.get("time") or 0.0), props))
     return out
+
+
+def expected_rows(tests: pathlib.Path = TESTS) -> set[tuple[str, str]]:
+    """Every (category, fault) some test declares with ``@pytest.mark.reliability``, read
+    from the sources: a row whose tests did not run (a module skipped at collection,
+    say) is then shown as missing instead of silently dropped."""
+    rows = set()
+    for path in sorted(tests.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if node.func.attr != "reliability":
+                continue
+            kw = {k.arg: k.value for k in node.keywords}
+            fault, category = kw.get("fault"), kw.get("category")
+            if isinstance(fault, ast.Constant) and isinstance(category, ast.Constant):
+                rows.add((str(category.value), str(fault.value)))
+    return rows
 
 
 def _one(v: float) -> str:
@@ -107,10 +128,13 @@ def _notes(notes: list[str]) -> str:
     return "; ".join(n if k == 1 else f"{n} (x{k})" for n, k in counts.items())
 
 
-def render(cases: list[Case], source: str) -> str:
+def render(cases: list[Case], source: str, expected: set[tuple[str, str]] | None = None) -> str:
     rows: dict[tuple[str, str], list[Case]] = defaultdict(list)
     for c in cases:
         rows[(c.props["marker.category"], c.props["marker.fault"])].append(c)
+    missing = sorted((expected or set()) - set(rows))
+    for key in missing:
+        rows[key] = []
     order = sorted(
         rows,
         key=lambda k: (CATEGORY_ORDER.index(k[0]) if k[0] in CATEGORY_ORDER else 9, k[1]),
@@ -127,7 +151,9 @@ def render(cases: list[Case], source: str) -> str:
         f"{platform.python_version()}. Do not edit by hand.",
         "",
         f"**{len(rows)} fault classes, {sum(c.cases for c in cases)} cases in {len(cases)} "
-        f"tests: {len(cases) - failed} passed, {failed} failed.**",
+        f"tests: {len(cases) - failed} passed, {failed} failed"
+        + (f"; {len(missing)} classes not run (shown as missing)" if missing else "")
+        + ".**",
         "",
         "*Detect*: seconds from the fault to its detection (the error raised on the other "
         "ranks, the peer refused), as the test measured it. *Recover*: seconds until the job "
@@ -138,6 +164,12 @@ def render(cases: list[Case], source: str) -> str:
     ]
     for key in order:
         group = rows[key]
+        if not group:
+            lines.append(
+                f"| {key[0]} | {key[1]} | 0 | **MISSING**: no test of this class ran "
+                "(skipped at collection or deselected) | n/a | n/a |  |"
+            )
+            continue
         notes = _notes([c.props["note"] for c in group if c.props.get("note")])
         lines.append(
             f"| {key[0]} | {key[1]} | {sum(c.cases for c in group)} | {_result(group)} | "
@@ -162,7 +194,7 @@ def main(argv: list[str]) -> int:
         print(f"{xml_paths} hold no test marked @pytest.mark.reliability", file=sys.stderr)
         return 2
     with open(md_path, "w", encoding="utf-8") as f:
-        f.write(render(cases, ", ".join(f"`{p}`" for p in xml_paths)))
+        f.write(render(cases, ", ".join(f"`{p}`" for p in xml_paths), expected_rows()))
     failed = [c.test for c in cases if c.outcome in ("failed", "error")]
     print(f"wrote {md_path}: {len(cases)} tests, {len(failed)} failed")
     for name in failed:
