@@ -15,7 +15,7 @@ S35_PYSPARK := 3.5.0
 EXTRAS := spark,petastorm,ray,tensorflow,lightning,mlflow,mpi,notebooks,dev
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test test-current test-spark35 bench lint install clean reliability conformance cluster-up cluster-down
+.PHONY: demo test test-current test-spark35 soak bench lint install clean reliability conformance cluster-up cluster-down
 
 install: $(STAMP)
 
@@ -89,6 +89,13 @@ reliability: $(STAMP)
 	-RELIABILITY_LOAD_OPS=10000 PYTHONPATH=tests $(PY) -m pytest -p no:cacheprovider -p _reliability \
 		-m reliability --junitxml=build/reliability.xml tests
 	$(PY) bench/reliability_report.py build/reliability.xml RELIABILITY.md
+
+# Elastic training with random faults (SIGKILL, an exception in user code, none), round
+# after round for SOAK_MINUTES (default 30), then a table and bench/results/soak.json.
+# Not part of make test.
+SOAK_MINUTES ?= 30
+soak: $(STAMP)
+	$(PY) tools/soak.py --minutes $(SOAK_MINUTES)
 
 # Horovod's own parallel suites against ringcore, one test per launch of 2 Gloo ranks,
 # through a shim package named horovod built in a temp dir -> docs/conformance.md.

@@ -12,7 +12,7 @@ from ringcore.testing import run_workers
 N, BATCH, EPOCHS = 48, 4, 2
 
 
-def _elastic_worker(kill_rank, kill_at_step, step_sleep=0.02):
+def _elastic_worker(kill_rank, kill_at_step, step_sleep=0.02, fault="kill"):
     import os
     import signal
     import time
@@ -54,6 +54,8 @@ def _elastic_worker(kill_rank, kill_at_step, step_sleep=0.02):
                     and hvd.rank() == kill_rank
                     and os.environ["RING_WORKER_ID"] == str(kill_rank)
                 ):
+                    if fault == "raise":
+                        raise RuntimeError("a bug in user code on one rank")
                     os.kill(os.getpid(), signal.SIGKILL)
                 state.trained.append((state.epoch, count))
                 state.sampler.record_indices(chunk)
@@ -132,3 +134,29 @@ def test_object_state_commit_restore_sync(np_):
         return synced, (state.epoch, state.items)
 
     assert run_workers(worker, np=np_, timeout=60) == [((0, [0]), (5, [9]))] * np_
+
+
+@pytest.mark.reliability(
+    fault="a rank raising in user code inside an elastic job", category="fault"
+)
+def test_a_rank_whose_code_raises_leaves_and_the_others_re_form_without_waiting_for_it(request):
+    import time
+
+    from _reliability import record
+
+    started = time.monotonic()
+    res = run_workers(
+        _elastic_worker,
+        np=3,
+        args=(2, 3, 0.02, "raise"),
+        timeout=120,
+        elastic=True,
+        env={"RING_START_TIMEOUT": "60"},
+    )
+    elapsed = time.monotonic() - started
+    assert isinstance(res[2], WorkerError) and res[2].error_type == "RuntimeError"
+    for _trained, ranks_seen, final_size in res[:2]:
+        assert (ranks_seen, final_size) == ([3, 2], 2)
+    # the leaver said so: the next ring did not wait RING_START_TIMEOUT (60 s) for it
+    assert elapsed < 45, elapsed
+    record(request, recover_s=elapsed)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from .. import _config as cfg
-from .._elastic import HostsUpdatedInterrupt, hosts_updated, is_elastic, rejoin
+from .._elastic import HostsUpdatedInterrupt, hosts_updated, is_elastic, leave, rejoin
 from .._errors import RingError, RingInternalError
 from .._runtime import init, is_initialized, rank, size
 from ._collectives import allgather_object, broadcast_object
@@ -238,6 +238,9 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                 skip_sync = False
             except HostsUpdatedInterrupt as exc:
                 skip_sync = exc.skip_sync
+            except BaseException:  # the user's code failed here: this worker is out
+                leave()
+                raise
             resets += 1
             if limit and resets > limit:
                 raise RingError(
