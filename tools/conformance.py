@@ -417,10 +417,9 @@ def write_markdown(path: Path, outcomes: list[Outcome], meta: dict[str, str]) ->
         "today's frameworks (a test written for Keras 2 or an older torch), each with its",
         "reason below.",
         "",
-        f"Horovod source: commit `{meta['horovod_commit']}`. ringtrain: commit "
-        f"`{meta['ringtrain_commit']}`"
-        + (f" ({meta['reruns']}, replacing their earlier results). " if "reruns" in meta else ". ")
-        + f"Run {meta['date']}, torch {meta['torch']}, tensorflow {meta['tensorflow']}, "
+        f"Horovod source: commit `{meta['horovod_commit']}`. ringtrain: "
+        + (meta["runs"] if "runs" in meta else f"commit `{meta['ringtrain_commit']}`")
+        + f". Run {meta['date']}, torch {meta['torch']}, tensorflow {meta['tensorflow']}, "
         f"keras {meta['keras']}.",
         "",
         "| suite | tests | passed | failed | not ours | hang | skipped |",
@@ -457,17 +456,21 @@ def report(paths: list[Path], out: Path) -> None:
     fix), and the page names the ringtrain commit of every run merged."""
     by_test: dict[tuple[str, str], Outcome] = {}
     meta: dict[str, str] = {}
-    reruns: list[str] = []
+    runs: list[str] = []
     for p in paths:
         data = json.loads(p.read_text())
         meta = meta or dict(data["meta"])
         tests = [Outcome(**t) for t in data["tests"]]
+        commit = data["meta"]["ringtrain_commit"]
         replaced = sum((o.suite, o.test) in by_test for o in tests)
         if replaced:
-            reruns.append(f"{replaced} tests rerun at `{data['meta']['ringtrain_commit']}`")
+            runs.append(f"{replaced} tests rerun at `{commit}`, replacing their results")
+        else:
+            suites = ", ".join(sorted({o.suite for o in tests}))
+            runs.append(f"{suites} at `{commit}`")
         by_test.update({(o.suite, o.test): o for o in tests})
-    if reruns:
-        meta["reruns"] = "; ".join(reruns)
+    if len(paths) > 1:
+        meta["runs"] = "; ".join(runs)
     write_markdown(out, list(by_test.values()), meta)
     print(f"wrote {out}")
 
