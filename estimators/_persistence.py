@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
+from spark_runner import is_connect
+
 from ._frameworks import FRAMEWORKS, TORCH, framework_of, get_framework
 from ._store import Store
 
@@ -89,7 +91,7 @@ def _metadata_context(spark: Any) -> Any:
     """What Spark ML's metadata reader and writer take: pyspark 3.5 wants the
     SparkContext (it calls ``sc.parallelize``), 4.x takes either, and a Spark Connect
     session has no SparkContext at all."""
-    if type(spark).__module__.startswith("pyspark.sql.connect"):
+    if is_connect(spark):
         return spark
     return spark.sparkContext
 

@@ -8,9 +8,10 @@ checkpoint). ``run_elastic(fn, min_num_proc=..., max_num_proc=...)`` keeps a
 ``ringcore.torch.elastic`` job going as tasks are lost or added (the driver is the
 rendezvous coordinator). On a Spark Connect session ``run`` uses
 ``mapInArrow(..., barrier=True)`` and returns results in chunks. ``local_session()`` builds a SparkSession set up for this machine (tests,
-scripts, the demo).
+scripts, the demo). ``is_connect(spark)`` tells a Spark Connect session from a classic one.
 """
 
+from ._connect import is_connect
 from ._elastic import run_elastic
 from ._platform import DEFAULT_START_TIMEOUT_S
 from ._run import START_TIMEOUT_ENV_VAR, TOPOLOGY_HOSTS_ENV_VAR, run
@@ -25,6 +26,7 @@ __all__ = [
     "START_TIMEOUT_ENV_VAR",
     "TOPOLOGY_HOSTS_ENV_VAR",
     "NotEnoughSlotsError",
+    "is_connect",
     "local_session",
     "run",
     "run_elastic",
