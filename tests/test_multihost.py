@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import pytest
 from _netns import Cluster, kill_tree, unavailable
@@ -86,6 +87,23 @@ hvd.shutdown()
 """
 
 
+def _start_rank(slots, rank: int, store_addr: str, port: int, script: str, extra) -> Any:
+    """Rank ``rank`` of a ring over ``slots`` (a host per rank) as a plain subprocess on
+    its host, with the ``RING_*`` environment and ``extra`` on top, but no
+    ``RING_HOSTNAME``: ringcore must find the address itself."""
+    topo = topology_from_hosts([h.addr for h in slots], rank)
+    env = {**_clean_env(), **worker_env(topo, store_addr, port), **extra}
+    env.pop("RING_HOSTNAME", None)
+    return subprocess.Popen(
+        slots[rank].wrap([sys.executable, "-c", script]),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 def _run_ranks(
     cluster: Cluster,
     per_host: int,
@@ -98,22 +116,9 @@ def _run_ranks(
     port = random.randint(20000, 40000)
     procs = []
     try:
-        for rank, host in enumerate(slots):
-            topo = topology_from_hosts([h.addr for h in slots], rank)
-            store_addr = store or slots[0].addr
-            env = {**_clean_env(), **worker_env(topo, store_addr, port), **extra}
-            env.pop("RING_HOSTNAME", None)  # ringcore must find the address itself
-            env["RING_START_TIMEOUT"] = "40"
-            procs.append(
-                subprocess.Popen(
-                    host.wrap([sys.executable, "-c", script]),
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    start_new_session=True,
-                )
-            )
+        for rank in range(len(slots)):
+            extra_env = {**extra, "RING_START_TIMEOUT": "40"}
+            procs.append(_start_rank(slots, rank, store or slots[0].addr, port, script, extra_env))
         outputs = [p.communicate(timeout=90) for p in procs]
     finally:
         for p in procs:
@@ -277,17 +282,8 @@ def _partition_and_time(cluster, cut, extra):
     hosts = cluster.hosts
     procs = []
     try:
-        for rank, host in enumerate(hosts):
-            topo = topology_from_hosts([h.addr for h in hosts], rank)
-            env = {**_clean_env(), **worker_env(topo, hosts[0].addr, port), **extra}
-            env.pop("RING_HOSTNAME", None)
-            procs.append(
-                subprocess.Popen(
-                    host.wrap([sys.executable, "-c", _LOOP_UNTIL_FAILURE]), env=env,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                    start_new_session=True,
-                )
-            )  # fmt: skip
+        for rank in range(len(hosts)):
+            procs.append(_start_rank(hosts, rank, hosts[0].addr, port, _LOOP_UNTIL_FAILURE, extra))
         for proc in procs:  # both in the loop
             line = proc.stdout.readline()
             assert line.startswith("READY"), (line, proc.stderr.read()[-3000:])
