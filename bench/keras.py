@@ -3,10 +3,12 @@
 (TensorFlow's ring collectives over gRPC, TF_CONFIG with two 127.0.0.1 ports), same
 model, data and per-rank batch. Target: ours >= 1.0x MWMS.
 
-Each process uses 1 intra-op and 2 inter-op threads. The peers alternate
-(ours, MWMS, ours, MWMS, ...) and the best round of each is kept, since these
-2-core machines are noisy. Prints a table and writes bench/results/keras.json.
-Usage: python bench/keras.py [--steps 60] [--rounds 3]
+Each process uses 1 intra-op and 2 inter-op threads (both peers). ``--rounds`` rounds
+(>= 5), the peers' order swapped every round; a round's figure is its slowest worker's
+steps/s; the table gives median and min-max. Check: the two ranks of every run end with
+equal weights, and ours and MWMS end with the same weights (checksum, relative 1e-3:
+same model, data and SGD). ``--quick``: 10 steps. Prints a table and writes
+bench/results/keras.json. Usage: python bench/keras.py [--steps 60] [--rounds 5] [--quick]
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import socket
 import subprocess
 import sys
@@ -25,7 +26,10 @@ import time
 _HERE = pathlib.Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != _HERE]
 
-RESULTS = _HERE / "results"
+sys.path.insert(0, str(_HERE))
+import _common  # noqa: E402
+
+sys.path.remove(str(_HERE))
 BATCH = 64  # per rank
 WIDTH = 512
 ENV = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
@@ -136,7 +140,7 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def run_mwms(steps: int, timeout: float = 300.0) -> float:
+def run_mwms(steps: int, timeout: float = 300.0) -> tuple[float, bool, float]:
     ports = _free_ports(2)
     env = {**os.environ, **ENV}
     procs = [
@@ -170,13 +174,15 @@ def run_mwms(steps: int, timeout: float = 300.0) -> float:
     return _summary(results)
 
 
-def _summary(results: list[dict]) -> tuple[float, bool]:
-    """The job's pace (its slowest worker) and whether the ranks ended with equal weights."""
+def _summary(results: list[dict]) -> tuple[float, bool, float]:
+    """The job's pace (its slowest worker), whether the ranks ended with equal weights,
+    and rank 0's weight checksum."""
     sums = [r["checksum"] for r in results]
-    return min(r["steps_per_s"] for r in results), max(sums) - min(sums) <= 1e-4 * max(sums)
+    pace = min(r["steps_per_s"] for r in results)
+    return pace, max(sums) - min(sums) <= 1e-4 * max(sums), sums[0]
 
 
-def run_ours(steps: int) -> float:
+def run_ours(steps: int) -> tuple[float, bool, float]:
     from ringcore.testing import run_workers
 
     return _summary(run_workers(_ours, np=2, args=(steps,), env=ENV, timeout=300))
@@ -185,52 +191,78 @@ def run_ours(steps: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--mwms-worker", type=int, nargs=3, metavar=("INDEX", "PORT0", "PORT1"))
+    _common.add_common_args(parser)
     args = parser.parse_args()
     if args.mwms_worker:
         index, *ports = args.mwms_worker
         _mwms_worker(index, ports, args.steps)
         return 0
-    ours, mwms, in_sync = [], [], []
-    for _ in range(args.rounds):
-        for runner, rates in ((run_ours, ours), (run_mwms, mwms)):
-            rate, equal = runner(args.steps)
-            rates.append(rate)
+    rounds = _common.check_rounds(args.rounds)
+    steps = 10 if args.quick else args.steps
+    env = _common.environment(("torch", "tensorflow", "keras"))
+    runners = {"ringcore.keras": run_ours, "MWMS": run_mwms}
+    rates: dict[str, list[float]] = {n: [] for n in runners}
+    in_sync, sums = [], {n: [] for n in runners}
+    for order in _common.orders(list(runners), rounds):
+        for name in order:
+            rate, equal, checksum = runners[name](steps)
+            rates[name].append(rate)
             in_sync.append(equal)
-    ratio = max(ours) / max(mwms)
-    params = 784 * WIDTH + WIDTH + WIDTH * WIDTH + WIDTH + WIDTH * 10 + 10
-    result = {
-        "benchmark": "keras model.fit, 2 ranks, MLP 784-512-512-10, batch 64 per rank, SGD",
-        "parameters": params,
-        "steps_measured": args.steps,
-        "rounds": args.rounds,
-        "ringcore_steps_per_s": [round(x, 2) for x in ours],
-        "mwms_steps_per_s": [round(x, 2) for x in mwms],
-        "ratio_best_vs_best": round(ratio, 3),
-        "target": ">= 1.0x MultiWorkerMirroredStrategy",
-        "target_met": ratio >= 1.0,
-        "weights_equal_across_ranks_every_run": all(in_sync),
-        "mwms_notes": "Keras 3.15 fit() under MWMS needs two workarounds (see _mwms_worker): "
-        "the model is built before fit, and per-step logs are reduced locally; gradients are "
-        "all-reduced by MWMS as usual.",
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "date": time.strftime("%Y-%m-%d"),
-    }
-    if not result["target_met"]:
-        result["why_missed"] = (
-            "not profiled in this run. The likely cost: each step's allreduce is a "
+            sums[name].append(checksum)
+    s = {n: _common.summary(v) for n, v in rates.items()}
+    ratio = s["ringcore.keras"]["median"] / s["MWMS"]["median"]
+    every = [*sums["ringcore.keras"], *sums["MWMS"]]
+    checks = [
+        _common.check("every run: both ranks end with equal weights", all(in_sync)),
+        _common.check(
+            "ours and MWMS end with the same weights (checksum, relative 1e-3)",
+            max(every) - min(every) <= 1e-3 * max(every),
+            f"checksums {min(every):.6g} .. {max(every):.6g}",
+        ),
+    ]
+    targets = [
+        _common.target(
+            ">= 1.0x MultiWorkerMirroredStrategy steps/s (median)",
+            ratio,
+            1.0,
+            lower_is_better=False,
+            why_missed="not profiled in this run. The likely cost: each step's allreduce is a "
             "tf.py_function handing the gradients to the Python engine (GIL, a DLPack "
-            "crossing each way), where MWMS runs its ring inside the TensorFlow runtime."
+            "crossing each way), where MWMS runs its ring inside the TensorFlow runtime.",
         )
-    print(f"{'peer':<34}{'steps/s per round':>30}")
-    print(f"{'ringcore.keras.DistributedOptimizer':<34}{result['ringcore_steps_per_s']!s:>30}")
-    print(f"{'MultiWorkerMirroredStrategy':<34}{result['mwms_steps_per_s']!s:>30}")
-    print(
-        f"ratio (best vs best): {ratio:.2f}x  target >= 1.0x: {'met' if ratio >= 1.0 else 'MISSED'}"
+    ]
+    t = _common.table(
+        ["peer", "steps/s, median (min-max)", "ours / peer"],
+        [
+            [n, _common.spread(v, fmt="{:.1f}"), "" if n == "ringcore.keras" else f"{ratio:.3g}"]
+            for n, v in s.items()
+        ],
     )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "keras.json").write_text(json.dumps(result, indent=2) + "\n")
+    _common.print_table(t)
+    _common.print_verdicts(targets, checks)
+    params = 784 * WIDTH + WIDTH + WIDTH * WIDTH + WIDTH + WIDTH * 10 + 10
+    _common.write(
+        "keras",
+        args.out,
+        env,
+        {
+            "what": "keras model.fit, 2 ranks, MLP 784-512-512-10, batch 64 per rank, SGD",
+            "parameters": params,
+            "steps_measured": steps,
+            "threads": "1 intra-op, 2 inter-op threads in every process of both peers",
+            "steps_per_s": s,
+            "ratio_median": ratio,
+            "mwms_notes": "Keras 3.15 fit() under MWMS needs two workarounds (see _mwms_worker): "
+            "the model is built before fit, and per-step logs are reduced locally; gradients "
+            "are all-reduced by MWMS as usual.",
+            "targets": targets,
+            "checks": checks,
+            "table": t,
+        },
+        quick=args.quick,
+        rounds=rounds,
+    )
     return 0
 
 

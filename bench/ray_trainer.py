@@ -13,26 +13,27 @@ is comparable): ``fit_s`` (the whole ``fit()`` call), ``startup_s`` (from callin
 ``time.time()`` at loop entry to a file), and ``ready_s`` (until every worker holds
 its ready model, just before the first step: after ``hvd.init()`` and the parameter
 broadcast for ours, after ``prepare_model`` for theirs). The peers alternate for
-``--rounds`` rounds; the table gives the median of each and the ratio ours/theirs
-(target <= 1.0x). Prints a table and writes bench/results/ray_trainer.json.
+``--rounds`` rounds (>= 5, the order swapped every round) after one cold fit each on the
+fresh cluster (new worker processes and imports; ours first); the table gives the cold
+figure, the warm median with min-max and the ratio ours/theirs (target <= 1.0x). Start-up
+is the latest worker's stamp (the slowest rank). Check: both peers average the same
+gradients from the same weights and data, so rank 0's final loss must agree (relative
+1e-4). ``--quick``: 20 steps. Prints a table and writes bench/results/ray_trainer.json.
 
-Usage: python bench/ray_trainer.py [--steps 300] [--rounds 2]
+Usage: python bench/ray_trainer.py [--steps 300] [--rounds 5] [--quick] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import pathlib
-import platform
-import statistics
 import tempfile
 import time
 
+import _common
+
 os.environ["RAY_TRAIN_V2_ENABLED"] = "1"  # before ray.train is imported
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 BATCH = 64
 WORKERS = 2
 
@@ -158,12 +159,7 @@ def _fit(peer: str, steps: int, storage: str) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
-
+def _run_all(steps: int, rounds: int) -> tuple[dict, list[dict]]:
     import ray
 
     storage = tempfile.mkdtemp(prefix="ray_trainer_bench_")
@@ -173,76 +169,119 @@ def main() -> None:
         include_dashboard=False,
         log_to_driver=False,
     )
-    runs = []
     try:
-        _fit("ours", 5, storage)  # warm-up: the first worker processes, imports
-        _fit("theirs", 5, storage)
-        for r in range(args.rounds):
-            order = ("ours", "theirs") if r % 2 == 0 else ("theirs", "ours")
+        cold = {peer: _fit(peer, steps, storage) for peer in ("ours", "theirs")}
+        runs = []
+        for r, order in enumerate(_common.orders(["ours", "theirs"], rounds)):
             for peer in order:
-                run = _fit(peer, args.steps, storage)
+                run = _fit(peer, steps, storage)
                 run["round"] = r
                 runs.append(run)
                 print(
                     f"round {r} {peer:<6} fit {run['fit_s']:6.2f} s  startup "
                     f"{run['startup_s']:5.2f} s  ready {run['ready_s']:5.2f} s  "
-                    f"loss {run['final_loss']:.3f}",
+                    f"loss {run['final_loss']:.4f}",
                     flush=True,
                 )
     finally:
         ray.shutdown()
+    return cold, runs
 
-    def median(peer: str, key: str) -> float:
-        return statistics.median(run[key] for run in runs if run["peer"] == peer)
 
-    rows = []
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    _common.add_common_args(parser)
+    args = parser.parse_args()
+    rounds = _common.check_rounds(args.rounds)
+    steps = 20 if args.quick else args.steps
+    env = _common.environment(("torch", "ray"))
+    cold, runs = _run_all(steps, rounds)
+    rows, lines, targets = [], [], []
     for key, what in (
         ("fit_s", "total fit() wall time"),
         ("startup_s", "fit() -> loop entry on all workers"),
         ("ready_s", "fit() -> model ready on all workers"),
     ):
-        ours, theirs = median("ours", key), median("theirs", key)
+        s = {p: _common.summary(r[key] for r in runs if r["peer"] == p) for p in ("ours", "theirs")}
+        ratio = s["ours"]["median"] / s["theirs"]["median"]
+        cold_ratio = cold["ours"][key] / cold["theirs"][key]
         rows.append(
             {
                 "metric": key,
                 "what": what,
-                "ours_s": ours,
-                "theirs_s": theirs,
-                "ratio": ours / theirs,
-                "target_met": ours / theirs <= 1.0,
+                "warm": s,
+                "warm_ratio": ratio,
+                "cold": {p: cold[p][key] for p in cold},
+                "cold_ratio": cold_ratio,
             }
         )
-    print(f"\n{'metric':<10} {'ours s':>8} {'theirs s':>9} {'ours/theirs':>12}  what")
-    for row in rows:
-        flag = "" if row["target_met"] else "  (above the 1.0x target)"
-        print(
-            f"{row['metric']:<10} {row['ours_s']:8.2f} {row['theirs_s']:9.2f} "
-            f"{row['ratio']:11.2f}x  {row['what']}{flag}"
+        lines.append(
+            [
+                key,
+                f"{cold['ours'][key]:.2f} / {cold['theirs'][key]:.2f}",
+                f"{cold_ratio:.3g}",
+                _common.spread(s["ours"], fmt="{:.2f}"),
+                _common.spread(s["theirs"], fmt="{:.2f}"),
+                f"{ratio:.3g}",
+            ]
         )
-    import ray as ray_module
-    import torch
-
-    out = {
-        "benchmark": "RingTrainer.fit vs ray.train.torch.TorchTrainer.fit (DDP), 2 workers",
-        "setup": {
-            "workers": WORKERS,
-            "steps": args.steps,
-            "per_worker_batch": BATCH,
-            "model": "MLP 32-256-256-10, generated data",
-            "rounds": args.rounds,
-            "ray": ray_module.__version__,
-            "torch": torch.__version__,
-            "RAY_TRAIN_V2_ENABLED": os.environ["RAY_TRAIN_V2_ENABLED"],
-            "cluster": "ray.init(num_cpus=2, _node_ip_address='127.0.0.1', dashboard off)",
-            "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
-            "statistic": "median over rounds; peers alternate each round",
+        for label, value in (("warm", ratio), ("cold", cold_ratio)):
+            targets.append(
+                _common.target(
+                    f"{key} ({what}), {label}: ours <= 1.0x TorchTrainer",
+                    value,
+                    1.0,
+                    lower_is_better=True,
+                    why_missed="not profiled in this run",
+                )
+            )
+    losses = [r["final_loss"] for r in [*cold.values(), *runs]]
+    checks = [
+        _common.check(
+            "rank 0's final loss equal for ours and TorchTrainer, every fit (relative 1e-4)",
+            max(losses) - min(losses) <= 1e-4 * max(abs(x) for x in losses),
+            f"losses {min(losses):.6g} .. {max(losses):.6g}",
+        )
+    ]
+    t = _common.table(
+        [
+            "metric",
+            "cold s ours / theirs",
+            "cold ratio",
+            "warm ours s",
+            "warm theirs s",
+            "warm ratio",
+        ],
+        lines,
+    )
+    _common.print_table(t)
+    _common.print_verdicts(targets, checks)
+    _common.write(
+        "ray_trainer",
+        args.out,
+        env,
+        {
+            "what": "RingTrainer.fit vs ray.train.torch.TorchTrainer.fit (DDP), 2 workers",
+            "setup": {
+                "workers": WORKERS,
+                "steps": steps,
+                "per_worker_batch": BATCH,
+                "model": "MLP 32-256-256-10, generated data",
+                "threads": "torch.set_num_threads(1) in every worker of both peers",
+                "RAY_TRAIN_V2_ENABLED": os.environ["RAY_TRAIN_V2_ENABLED"],
+                "cluster": "ray.init(num_cpus=2, _node_ip_address='127.0.0.1', dashboard off)",
+            },
+            "targets": targets,
+            "checks": checks,
+            "table": t,
+            "summary": rows,
+            "cold_runs": cold,
+            "runs": runs,
         },
-        "summary": rows,
-        "runs": runs,
-    }
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "ray_trainer.json").write_text(json.dumps(out, indent=2) + "\n")
-    print(f"\nwrote {RESULTS / 'ray_trainer.json'}")
+        quick=args.quick,
+        rounds=rounds,
+    )
 
 
 if __name__ == "__main__":

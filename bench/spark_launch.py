@@ -5,25 +5,27 @@ torchrun's variables under TorchDistributor) on 2 barrier tasks of one ``local[2
 session: ``spark_runner.run(fn, num_proc=2)`` and ``TorchDistributor(num_processes=2,
 local_mode=False, use_gpu=False).run(fn)`` (each task starts ``torchrun``, which starts
 the function's process). One untimed warm-up each (Spark starts its Python workers),
-then the peers alternate for ``--rounds`` rounds. Target: ours / theirs <= 1.0 on the
-median. Prints a table and writes bench/results/spark_launch.json.
-Usage: python bench/spark_launch.py [--rounds 3]
+then the peers alternate for ``--rounds`` rounds (>= 5, the order swapped every round).
+The cold figure is each peer's first call on the fresh session (Spark starts its Python
+workers; ours runs first), the warm figures the rounds' median and min-max. The clock is
+the driver's: a call returns when its slowest task is done. Check: both return the
+allreduce's sum (3.0 on every rank). Target: ours / theirs <= 1.0 on the warm median.
+``--quick`` changes nothing but the label (the launch is the workload; TorchDistributor's
+~10 s a call makes this bench take ~1.5 min). Prints a table and writes
+bench/results/spark_launch.json.
+Usage: python bench/spark_launch.py [--rounds 5] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import pathlib
-import platform
-import statistics
 import time
 from typing import Any
 
-import spark_runner
+import _common
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+import spark_runner
 
 
 def one_allreduce():
@@ -55,64 +57,82 @@ def _timed(fn) -> tuple[float, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    _common.add_common_args(parser)
     opts = parser.parse_args()
+    rounds = _common.check_rounds(opts.rounds)
+    env = _common.environment(("torch", "pyspark"))
     logging.getLogger("TorchDistributor").setLevel(logging.WARNING)
     spark = spark_runner.local_session("local[2]", app_name="bench_spark_launch")
     peers = {"spark_runner.run": _ours, "TorchDistributor.run": _theirs}
+    expected = {"spark_runner.run": [3.0, 3.0], "TorchDistributor.run": 3.0}
+    results: dict[str, list[Any]] = {name: [] for name in peers}
     try:
-        first = {}
+        cold = {}
         for name, fn in peers.items():
-            first[name], result = _timed(fn)
-            print(f"warm-up {name}: {first[name]:.2f} s, result {result}")
-        assert _ours() == [3.0, 3.0] and _theirs() == 3.0  # both really ran the allreduce
+            cold[name], result = _timed(fn)
+            results[name].append(result)
         times: dict[str, list[float]] = {name: [] for name in peers}
-        for _ in range(opts.rounds):
-            for name, fn in peers.items():
-                times[name].append(_timed(fn)[0])
+        for order in _common.orders(list(peers), rounds):
+            for name in order:
+                elapsed, result = _timed(peers[name])
+                times[name].append(elapsed)
+                results[name].append(result)
     finally:
         spark.stop()
 
-    rows: dict[str, dict[str, Any]] = {
-        name: {
-            "first_s": round(first[name], 3),
-            "best_s": round(min(ts), 3),
-            "median_s": round(statistics.median(ts), 3),
-            "all_s": [round(t, 3) for t in ts],
-        }
-        for name, ts in times.items()
-    }
-    ours, theirs = rows["spark_runner.run"], rows["TorchDistributor.run"]
-    ratio_median = ours["median_s"] / theirs["median_s"]
-    ratio_best = ours["best_s"] / theirs["best_s"]
-    print(f"\nlaunch + one allreduce on 2 tasks, local[2], {opts.rounds} alternating rounds")
-    print(f"{'runner':<22}{'first s':>10}{'best s':>10}{'median s':>10}")
-    for name, row in rows.items():
-        print(f"{name:<22}{row['first_s']:>10.2f}{row['best_s']:>10.2f}{row['median_s']:>10.2f}")
-    verdict = "met" if ratio_median <= 1.0 else "MISSED"
-    print(
-        f"ours/theirs: median {ratio_median:.2f}x, best {ratio_best:.2f}x (target <= 1.0x: {verdict})"
-    )
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / "spark_launch.json"
-    out.write_text(
-        json.dumps(
-            {
-                "benchmark": "spark launch overhead: run of one allreduce on 2 tasks",
-                "master": "local[2]",
-                "rounds": opts.rounds,
-                "runners": rows,
-                "ratio_median": round(ratio_median, 3),
-                "ratio_best": round(ratio_best, 3),
-                "target": "<= 1.0x (median)",
-                "met": ratio_median <= 1.0,
-                "machine": f"{platform.machine()}, {platform.python_version()}",
-            },
-            indent=2,
+    summaries = {name: _common.summary(ts) for name, ts in times.items()}
+    ours, theirs = summaries["spark_runner.run"], summaries["TorchDistributor.run"]
+    ratio = ours["median"] / theirs["median"]
+    cold_ratio = cold["spark_runner.run"] / cold["TorchDistributor.run"]
+    checks = [
+        _common.check(
+            f"{name} returned the allreduce's sum every call ({expected[name]})",
+            all(r == expected[name] for r in results[name]),
+            f"{len(results[name])} calls",
         )
-        + "\n"
+        for name in peers
+    ]
+    targets = [
+        _common.target(
+            "launch + one allreduce on 2 tasks, warm: ours <= 1.0x TorchDistributor",
+            ratio,
+            1.0,
+            lower_is_better=True,
+            why_missed="not profiled in this run",
+        )
+    ]
+    t = _common.table(
+        ["runner", "cold s (first call)", "warm s, median (min-max)", "ours / theirs (warm)"],
+        [
+            [
+                name,
+                f"{cold[name]:.2f}",
+                _common.spread(s, fmt="{:.2f}"),
+                f"{ratio:.3g}" if name == "spark_runner.run" else "",
+            ]
+            for name, s in summaries.items()
+        ],
     )
-    print(f"wrote {out}")
+    _common.print_table(t)
+    _common.print_verdicts(targets, checks)
+    _common.write(
+        "spark_launch",
+        opts.out,
+        env,
+        {
+            "what": "launch overhead: run of one allreduce on 2 barrier tasks, local[2]",
+            "master": "local[2]",
+            "cold_s": cold,
+            "cold_ratio": cold_ratio,
+            "runners": summaries,
+            "ratio_median": ratio,
+            "targets": targets,
+            "checks": checks,
+            "table": t,
+        },
+        quick=opts.quick,
+        rounds=rounds,
+    )
 
 
 if __name__ == "__main__":
