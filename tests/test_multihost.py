@@ -8,6 +8,7 @@ root or ``ip netns`` is missing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -581,16 +582,17 @@ def _wait_for(addr: str, port: int, proc: subprocess.Popen, timeout_s: float) ->
     raise RuntimeError(f"nothing listens on {addr}:{port} after {timeout_s} s (exit {proc.poll()})")
 
 
-@pytest.mark.ray
-@pytest.mark.slow
-def test_ray_executor_and_ring_trainer_across_two_hosts_number_ranks_host_by_host(
-    cluster, tmp_path
-):
-    pytest.importorskip("ray")
+@contextlib.contextmanager
+def _ray_on_two_hosts(cluster, tmp_path, extra_env: dict[str, str] | None = None):
+    """A Ray head (2 CPUs, the GCS) on host 0 and a 2-CPU worker node on host 1, each a
+    ``ray start --block`` under its host; yields (GCS address, the env to run a driver
+    with, a function returning the nodes' log tails). ``extra_env`` reaches the raylets,
+    the GCS and so every worker process Ray starts. Every process is ended on exit."""
     ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
     head, other = cluster.hosts
     gcs = f"{head.addr}:{random.randint(50001, 60000)}"
     env = {**_clean_env(), "GRPC_ENABLE_FORK_SUPPORT": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    env.update(extra_env or {})
     common = ["--block", "--num-cpus=2", "--disable-usage-stats"]
     procs = []
     temp_dir = tempfile.mkdtemp(prefix="rtray")  # short: Ray's unix sockets live there
@@ -609,15 +611,26 @@ def test_ray_executor_and_ring_trainer_across_two_hosts_number_ranks_host_by_hos
                 )  # fmt: skip
             if host is head:
                 _wait_for(head.addr, int(gcs.split(":")[1]), procs[0], 60)
-        driver = subprocess.run(
-            head.wrap([sys.executable, "-c", _RAY_DRIVER, gcs, head.addr, str(tmp_path / "runs")]),
-            env=env, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        yield gcs, env, lambda: "\n".join(p.read_text()[-1500:] for p in tmp_path.glob("*.log"))
     finally:
         for proc in reversed(procs):
             kill_tree(proc)
         shutil.rmtree(temp_dir, ignore_errors=True)
-    logs = "\n".join(p.read_text()[-1500:] for p in tmp_path.glob("*.log"))
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_executor_and_ring_trainer_across_two_hosts_number_ranks_host_by_host(
+    cluster, tmp_path
+):
+    pytest.importorskip("ray")
+    head, other = cluster.hosts
+    with _ray_on_two_hosts(cluster, tmp_path) as (gcs, env, ray_logs):
+        driver = subprocess.run(
+            head.wrap([sys.executable, "-c", _RAY_DRIVER, gcs, head.addr, str(tmp_path / "runs")]),
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    logs = ray_logs()
     assert driver.returncode == 0, driver.stderr[-4000:] + logs
     # RayExecutor.run, then RingTrainer.fit fixed (4 workers) and elastic (2 to 4)
     lines = driver.stdout.splitlines()
@@ -717,3 +730,132 @@ def test_run_elastic_goes_on_without_a_partitioned_host(
     assert [r["size"] for r in results] == [2, 2]
     assert all(r["sizes"][0] == 4 and r["sizes"][-1] == 2 for r in results)
     record(request, recover_s=done - cut_at[0], note="control and Gloo timeouts 8 s")
+
+
+# An elastic RingTrainer (2 to 4 workers) stepping with commits and a checkpoint every
+# 5 steps; rank 0 reports every step's allreduce and, from step 10 on 4 ranks, writes READY.
+_RAY_ELASTIC_DRIVER = """
+import json, os, sys, time
+import ray
+from ray_runner import RingTrainer, RunConfig, ScalingConfig
+
+ray.init(address=sys.argv[1], _node_ip_address=sys.argv[2])
+deadline = time.monotonic() + 60
+while sum(n["Alive"] for n in ray.nodes()) < 2:
+    assert time.monotonic() < deadline, ray.nodes()
+    time.sleep(0.5)
+
+def loop(config):
+    import tempfile, time, torch
+    import ray_runner
+    import ringcore.torch as hvd
+    from ringcore.torch import elastic
+    hvd.init()
+    state = elastic.ObjectState(step=0, sizes=[])
+
+    @elastic.run
+    def train(state):
+        state.sizes.append(hvd.size())
+        while state.step < config["steps"]:
+            total = hvd.allreduce(torch.tensor([state.step + 1.0]), op=hvd.Sum, name="s").item()
+            state.step += 1
+            if hvd.rank() == 0:
+                checkpoint = None
+                if state.step % 5 == 0:
+                    folder = tempfile.mkdtemp()
+                    with open(os.path.join(folder, "step"), "w") as f:
+                        f.write(str(state.step))
+                    checkpoint = ray_runner.Checkpoint.from_directory(folder)
+                ray_runner.report({"step": state.step, "size": hvd.size(), "sum": total,
+                                   "sizes": list(state.sizes), "at": time.time()},
+                                  checkpoint=checkpoint)
+                if hvd.size() == 4 and state.step >= 10 and not os.path.exists(config["ready"]):
+                    open(config["ready"], "w").close()  # 4 ranks over both hosts
+            state.commit()
+            time.sleep(0.05)
+
+    train(state)
+
+trainer = RingTrainer(
+    loop, train_loop_config={"steps": int(sys.argv[4]), "ready": sys.argv[5]},
+    scaling_config=ScalingConfig(num_workers=(2, 4)),
+    run_config=RunConfig(name="partitioned", storage_path=sys.argv[3], verbose=0),
+)
+result = trainer.fit()
+print("DONE", time.time(), flush=True)
+print("RESULT", json.dumps({"history": result.metrics_history,
+                            "checkpoint": result.checkpoint and result.checkpoint.path}), flush=True)
+"""
+
+# Ray's node-death detection short: the GCS pings each raylet every second and declares
+# it dead after 3 pings unanswered for a second each (defaults 3 s, 10 s and 5).
+_RAY_SHORT_HEALTH_CHECK = {
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "1000",
+    "RAY_health_check_failure_threshold": "3",
+}
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.reliability(
+    fault="a host partitioned from an elastic RingTrainer (Ray)", category="fault"
+)
+def test_elastic_ring_trainer_goes_on_without_a_partitioned_host(cluster, tmp_path, request):
+    pytest.importorskip("ray")
+    head = cluster.hosts[0]
+    steps, ready = 120, tmp_path / "READY"
+    extra = {**_RAY_SHORT_HEALTH_CHECK, **_SHORT_TIMEOUTS}  # the workers inherit the raylets'
+    cut_at = done_at = 0.0
+    with _ray_on_two_hosts(cluster, tmp_path, extra) as (gcs, env, ray_logs):
+        args = [gcs, head.addr, str(tmp_path / "runs"), str(steps), str(ready)]
+        driver = subprocess.Popen(
+            head.wrap([sys.executable, "-c", _RAY_ELASTIC_DRIVER, *args]),
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 150
+            while not ready.exists() and driver.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if ready.exists():
+                cut_at = time.time()
+                _ip_link(cluster, 1, "down")
+            out, err = driver.communicate(timeout=150)
+            done_at = time.time()
+        finally:
+            kill_tree(driver)
+            _ip_link(cluster, 1, "up")
+    logs = ray_logs()
+    assert cut_at, (
+        f"no READY before the driver ended (exit {driver.returncode})\n{err[-4000:]}{logs}"
+    )
+    assert driver.returncode == 0, out[-2000:] + err[-4000:] + logs
+    lines = out.splitlines()
+    (run,) = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("RESULT ")]
+    (fit_done,) = [float(line.split()[1]) for line in lines if line.startswith("DONE ")]
+    history = run["history"]
+    # every step's allreduce right for the ring it ran on (size * (step)), each step
+    # reported (a step redone after a restore may be reported twice), 4 ranks then 2
+    assert all(m["sum"] == m["size"] * m["step"] for m in history), history
+    assert sorted({m["step"] for m in history}) == list(range(1, steps + 1))
+    # the ring may start with host 0's 2 and grow to 4 once host 1's are up
+    sizes = history[-1]["sizes"]
+    assert 4 in sizes and sizes[-1] == 2 and history[-1]["size"] == 2, sizes
+    with open(os.path.join(run["checkpoint"], "step")) as f:
+        assert f.read() == str(steps)  # the latest checkpoint is the last step's
+    last_of_4 = max(i for i, m in enumerate(history) if m["size"] == 4)
+    going_on = history[last_of_4 + 1]  # the first step of the 2 ranks left
+    recover_s = going_on["at"] - cut_at
+    print(
+        f"sizes {sizes}; 2 ranks from step {going_on['step']}, {recover_s:.1f} s after the "
+        f"cut; fit done {fit_done - cut_at:.1f} s after the cut"
+    )
+    record(
+        request,
+        recover_s=recover_s,
+        note=f"seconds from the cut to the first step of the 2 ranks left (fit() done after "
+        f"{fit_done - cut_at:.0f} s); Gloo and control timeouts 8 s, Ray health check 1 s x 3",
+    )
+    assert done_at - cut_at < 120
