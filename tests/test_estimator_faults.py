@@ -31,7 +31,7 @@ import torch
 from _reliability import record
 
 import spark_runner
-from estimators import RingEstimator, Store
+from estimators import Callback, RingEstimator, Store
 from ringcore import RingError, WorkerError
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -162,6 +162,31 @@ def _executor_of(pid: int) -> psutil.Process:
     raise AssertionError(f"no executor JVM above worker {pid}")
 
 
+def _start_recorder(marks: str) -> Callback:
+    """A callback that writes, per rank and Spark stage attempt, the ``start_epoch`` the
+    fit itself reports in ``on_train_begin`` (0-based: the epochs already done), so the
+    test reads where the retried attempt started from the fit, not from a guess."""
+
+    class StartRecorder(Callback):
+        def on_train_begin(self, logs):
+            attempt = os.environ.get(spark_runner.ATTEMPT_ENV_VAR, "0")
+            name = f"begin-rank{self.rank}-attempt{attempt}-pid{os.getpid()}"
+            with open(os.path.join(marks, name), "w") as f:
+                f.write(str(logs["start_epoch"]))
+
+    return StartRecorder()
+
+
+def _starts(marks: str) -> dict[str, int]:
+    """``{"begin-rank<r>-attempt<a>-pid<p>": start_epoch}`` as :func:`_start_recorder` wrote it."""
+    starts = {}
+    for name in os.listdir(marks):
+        if name.startswith("begin-"):
+            with open(os.path.join(marks, name)) as f:
+                starts[name] = int(f.read())
+    return starts
+
+
 def _checkpoint(store: Store, run_id: str) -> dict:
     return torch.load(store.get_checkpoint_path(run_id), weights_only=True)
 
@@ -183,7 +208,9 @@ def test_an_executor_jvm_killed_mid_fit_resumes_to_the_uninterrupted_model(
     marks = str(tmp_path / "marks")
     os.makedirs(marks)
     pause = _pausing(store.get_history_path("killed"), marks, 2, every_rank=False, hold_s=120)
-    estimator = _estimator(store, "killed", transformation_fn=pause)
+    estimator = _estimator(
+        store, "killed", transformation_fn=pause, callbacks=[_start_recorder(marks)]
+    )
     killed: dict = {}
     failed: list = []
 
@@ -191,7 +218,9 @@ def test_an_executor_jvm_killed_mid_fit_resumes_to_the_uninterrupted_model(
         try:
             worker = _paused_pids(marks, 1, 240, failed)[0]
             executor = _executor_of(worker)
-            killed.update(pid=executor.pid, worker=worker, at=time.monotonic())
+            # the last checkpoint before the kill: the paused rank holds up the epoch after it
+            done = _checkpoint(store, "killed")["epoch"]
+            killed.update(pid=executor.pid, worker=worker, at=time.monotonic(), checkpointed=done)
             executor.send_signal(signal.SIGKILL)
         except BaseException as exc:
             failed.append(exc)
@@ -205,6 +234,17 @@ def test_an_executor_jvm_killed_mid_fit_resumes_to_the_uninterrupted_model(
         killer.join(10)
     recovered = time.monotonic() - killed["at"]
     assert not _alive(killed["pid"]) and not _alive(killed["worker"])
+    checkpointed = killed["checkpointed"]
+    assert checkpointed == 2, killed  # the pause is after epoch 2's checkpoint, before epoch 3's
+    # where each attempt started, as the fit reported it: the first from scratch, every rank
+    # of the retried attempt(s) at the epoch after the last checkpoint (0-based start_epoch =
+    # epochs done, so 1-based it starts at checkpointed + 1)
+    starts = _starts(marks)
+    first = {n: e for n, e in starts.items() if "-attempt0-" in n}
+    retried = {n: e for n, e in starts.items() if "-attempt0-" not in n}
+    assert sorted(first.values()) == [0, 0], starts
+    assert retried and sorted({n.split("-")[1] for n in retried}) == ["rank0", "rank1"], starts
+    assert set(retried.values()) == {checkpointed}, starts
     history = model.getHistory()
     assert [e["epoch"] for e in history] == list(range(1, EPOCHS + 1))
     assert _checkpoint(store, "killed")["epoch"] == EPOCHS
@@ -213,7 +253,8 @@ def test_an_executor_jvm_killed_mid_fit_resumes_to_the_uninterrupted_model(
     assert history[-1]["train_loss"] == pytest.approx(
         reference.getHistory()[-1]["train_loss"], rel=1e-4
     )
-    record(request, recover_s=recovered, note="resumed from the epoch-2 checkpoint")
+    resumed_at = checkpointed + 1
+    record(request, recover_s=recovered, note=f"resumed at epoch {resumed_at} of {EPOCHS}")
 
 
 # --- the driver interrupted ----------------------------------------------------------------------

@@ -201,6 +201,53 @@ def _killed_once_loop(config):
             os.kill(os.getpid(), signal.SIGKILL)  # the actor dies mid-epoch
 
 
+MID_EPOCHS, MID_STEPS = 3, 4  # the mid-epoch kill: 3 epochs of 4 steps, a checkpoint per epoch
+
+
+def _step_value(epoch: int, step: int) -> float:
+    return float(epoch * 10 + step + 1)
+
+
+def _expected_mid_epoch_total() -> float:
+    """What an uninterrupted run of :func:`_killed_between_checkpoints_loop` ends with: every
+    step adds rank 1's and rank 2's share, ``(1 + 2) * _step_value``, exactly once."""
+    return sum(3 * _step_value(e, s) for e in range(MID_EPOCHS) for s in range(MID_STEPS))
+
+
+def _killed_between_checkpoints_loop(config):
+    import json
+    import signal
+
+    import torch
+
+    import ringcore.torch as hvd
+
+    hvd.init()
+    restored = ray_runner.get_checkpoint()
+    start, total = 0, 0.0
+    if restored is not None:
+        with restored.as_directory() as path, open(os.path.join(path, "state.json")) as fh:
+            saved = json.load(fh)
+        start, total = saved["epoch"] + 1, saved["total"]
+    for epoch in range(start, MID_EPOCHS):
+        for step in range(MID_STEPS):
+            if (epoch, step) == (1, 2) and hvd.rank() == 1 and not os.path.exists(config["marker"]):
+                # between the checkpoints of epochs 0 and 1, after two steps of epoch 1
+                with open(config["marker"], "w") as fh:
+                    json.dump({"epoch": epoch, "step": step, "total": total}, fh)
+                os.kill(os.getpid(), signal.SIGKILL)
+            share = torch.tensor([(hvd.rank() + 1) * _step_value(epoch, step)])
+            total += hvd.allreduce(share, op=hvd.Sum, name="share").item()
+            metrics = {"epoch": epoch, "step": step, "start": start, "total": total}
+            if step == MID_STEPS - 1:
+                state = {"state.json": json.dumps({"epoch": epoch, "total": total})}
+                with _temp_checkpoint(state) as ckpt:
+                    ray_runner.report(metrics, checkpoint=ckpt)
+            else:
+                ray_runner.report(metrics)
+            hvd.barrier()  # rank 0's report is in before rank 1 dies
+
+
 def _every_rank_fails_loop():
     import ringcore
 
@@ -581,6 +628,51 @@ def test_fit_resumes_from_the_latest_checkpoint_after_an_actor_is_killed_mid_epo
     assert "ActorDiedError" in out or "RingInternalError" in out or "died" in out
     assert "restarting the workers from " + str(tmp_path / "killed" / "checkpoint_000001") in out
     record(request, note="the new group resumed from checkpoint 1")
+
+
+@pytest.mark.ray
+@pytest.mark.reliability(fault="a Ray actor killed mid-epoch (RingTrainer)", category="fault")
+@pytest.mark.timeout(120)
+def test_an_actor_killed_between_two_checkpoints_resumes_from_the_last_one_to_the_same_state(
+    ray_cluster, tmp_path, capsys, request
+):
+    marker = tmp_path / "killed_between"
+    trainer = RingTrainer(
+        _killed_between_checkpoints_loop,
+        train_loop_config={"marker": str(marker)},
+        run_config=RunConfig(
+            name="between", storage_path=str(tmp_path), failure_config=FailureConfig(max_failures=1)
+        ),
+    )
+    result = trainer.fit()
+    import json
+
+    killed_at = json.loads(marker.read_text())
+    # the kill fell inside epoch 1, with epoch 0 checkpointed and two steps of epoch 1 done
+    assert (killed_at["epoch"], killed_at["step"]) == (1, 2)
+    assert killed_at["total"] == sum(
+        3 * _step_value(e, s) for e, s in [*((0, i) for i in range(4)), (1, 0), (1, 1)]
+    )
+    rows = [(m["epoch"], m["step"], m["start"]) for m in result.metrics_history]
+    first = [(e, s) for e, s, start in rows if start == 0]
+    resumed = [(e, s) for e, s, start in rows if start != 0]
+    # the killed attempt got no further than epoch 1, step 1; it never checkpointed epoch 1
+    assert (
+        first[:MID_STEPS] == [(0, s) for s in range(MID_STEPS)] and (1, MID_STEPS - 1) not in first
+    )
+    assert all(e <= 1 for e, _ in first), first
+    # the new group started at epoch 1 (checkpoint 0 + 1) and redid the whole of epoch 1
+    assert {start for *_, start in rows if start != 0} == {1}, rows
+    assert resumed == [(e, s) for e in (1, 2) for s in range(MID_STEPS)]
+    out = capsys.readouterr().out
+    assert "restarting the workers from " + str(tmp_path / "between" / "checkpoint_000000") in out
+    # and ends where an uninterrupted run does: no step lost, none counted twice
+    assert result.metrics["total"] == pytest.approx(_expected_mid_epoch_total())
+    assert result.checkpoint is not None
+    assert os.path.basename(result.checkpoint.path) == "checkpoint_000002"
+    with result.checkpoint.as_directory() as path, open(os.path.join(path, "state.json")) as fh:
+        assert json.load(fh) == {"epoch": 2, "total": pytest.approx(_expected_mid_epoch_total())}
+    record(request, note="killed at epoch 1 step 2; the new group resumed from checkpoint 0")
 
 
 @pytest.mark.ray
