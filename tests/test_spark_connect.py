@@ -5,17 +5,14 @@ by PID at the end; the barrier stage is ``mapInArrow(barrier=True)``."""
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
+import _connect_server
 import pytest
-from _servers import free_port, wait_for_port
 
 import spark_runner
 from ringcore import RingError, WorkerError
@@ -23,81 +20,22 @@ from spark_runner._connect import CHUNK_BYTES, is_connect
 
 pytestmark = pytest.mark.spark
 
-SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-
-
-def _read(path: str) -> str:
-    with open(path) as fh:
-        return fh.read()
-
-
-def _stop_tree(proc: subprocess.Popen) -> None:
-    """Stop the server we started and whatever it started (its Python workers)."""
-    import psutil
-
-    try:
-        children = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        children = []
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=20)
-    for child in children:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
-
 
 @pytest.fixture(scope="module")
 def connect_server(request, tmp_path_factory):
     """A server on ``local[2]``, or on the master a test names with
     ``@pytest.mark.parametrize("connect_server", [master], indirect=True)`` (pytest stops
     the other server, and the session on it, before starting that one)."""
-    import pyspark
-
     master = getattr(request, "param", "local[2]")
-
-    home = os.path.dirname(pyspark.__file__)
     work = tmp_path_factory.mktemp("spark-connect")
-    port, log = free_port(), str(work / "server.log")
-    env = dict(
-        os.environ, SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable
-    )
-    env.pop("SPARK_CONNECT_MODE_ENABLED", None)
-    command = [
-        os.path.join(home, "bin", "spark-submit"), "--class", SERVER_CLASS,
-        "--master", master, "--name", "test_spark_connect",
-        "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-        "--conf", f"spark.connect.grpc.binding.port={port}",
-        "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
-        "--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false",
-        "--conf", f"spark.executorEnv.PYSPARK_PYTHON={sys.executable}",
-        "spark-internal",
-    ]  # fmt: skip
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(command, env=env, cwd=work, stdout=out, stderr=out)
-    try:
-        wait_for_port(port, proc, 90, "the Spark Connect server", lambda: _read(log))
-        yield f"sc://localhost:{port}"
-    finally:
-        _stop_tree(proc)
+    with _connect_server.connect_server(work, master, name="test_spark_connect") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def spark(connect_server):
-    from pyspark.sql import SparkSession
-
-    had_mode = "SPARK_CONNECT_MODE_ENABLED" in os.environ
-    session = SparkSession.builder.remote(connect_server).getOrCreate()
-    try:
+    with _connect_server.remote_session(connect_server) as session:
         yield session
-    finally:
-        session.stop()
-        if not had_mode:  # the builder marks the whole process as Connect: undo it
-            os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
 
 
 def _ring(size):
