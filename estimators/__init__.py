@@ -9,7 +9,7 @@ Intermediate Parquet data and checkpoints live in a :class:`Store`.
 from ._callbacks import Callback
 from ._estimator import RingEstimator
 from ._model import RingModel
-from ._store import DBFSLocalStore, FsspecStore, LocalStore, Store
+from ._store import DBFSLocalStore, FsspecStore, LocalStore, Store, VolumeStore, default_store
 
 __all__ = [
     "Callback",
@@ -19,4 +19,6 @@ __all__ = [
     "RingEstimator",
     "RingModel",
     "Store",
+    "VolumeStore",
+    "default_store",
 ]

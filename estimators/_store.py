@@ -14,15 +14,25 @@ run resumes from it.)
 ``Store.create(prefix, storage_options=None)`` picks the implementation:
 
 - a local path or ``file://`` URL → :class:`LocalStore`;
+- ``/Volumes/<catalog>/<schema>/<volume>/x`` (or ``dbfs:/Volumes/...``) on Databricks →
+  :class:`VolumeStore`, a Unity Catalog volume through its FUSE mount ``/Volumes`` (root
+  overridable with ``RING_VOLUMES_ROOT``, which is how tests emulate it); Spark names it
+  ``dbfs:/Volumes/...``. The path must name a volume: catalog, schema and volume;
 - ``dbfs:/x`` or ``/dbfs/x`` on Databricks (``DATABRICKS_RUNTIME_VERSION`` set) →
   :class:`DBFSLocalStore` on the FUSE mount ``/dbfs/x`` (root overridable with
-  ``RING_DBFS_ROOT``);
+  ``RING_DBFS_ROOT``; the DBFS root is deprecated in Unity Catalog workspaces: prefer a
+  volume);
 - any other URL (``s3://``, ``gs://``, ``hdfs://``, ``abfs://``, ``memory://``, ...) →
   :class:`FsspecStore`, with ``storage_options`` passed to ``fsspec.filesystem``.
   Spark writes the Parquet through the URL (``s3://`` as ``s3a://``); workers copy
   their dataset to a local temporary directory through fsspec before reading it.
   ``memory://`` lives inside one process: it serves the Store API on the driver (and
   tests), never a ``fit``, whose workers are other processes.
+
+:func:`default_store` is where a fit keeps its data when no ``store`` is given: a new
+temporary directory on this machine, or on Databricks a folder under a volume every node
+reaches (``RING_DATABRICKS_VOLUME``, else ``/Volumes/main/default/ringtrain`` when that
+volume exists), never the driver's local disk.
 
 A Store is plain, picklable data: it crosses to the workers, which write checkpoints
 through it.
@@ -49,7 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-__all__ = ["DBFSLocalStore", "FsspecStore", "LocalStore", "Store"]
+__all__ = ["DBFSLocalStore", "FsspecStore", "LocalStore", "Store", "VolumeStore", "default_store"]
 
 log = logging.getLogger("ringtrain.estimators")
 
@@ -62,6 +72,10 @@ HISTORY_FILE = "history.json"
 DBFS_ROOT_ENV_VAR = "RING_DBFS_ROOT"
 DEFAULT_DBFS_ROOT = "/dbfs"
 DATABRICKS_ENV_VAR = "DATABRICKS_RUNTIME_VERSION"
+VOLUMES_ROOT_ENV_VAR = "RING_VOLUMES_ROOT"
+DEFAULT_VOLUMES_ROOT = "/Volumes"
+DEFAULT_VOLUME_ENV_VAR = "RING_DATABRICKS_VOLUME"
+DEFAULT_VOLUME = "/Volumes/main/default/ringtrain"
 # Spark (Hadoop) spells some fsspec schemes differently.
 _SPARK_SCHEMES = {"s3": "s3a", "gcs": "gs"}
 _CLAIM_LOCK = threading.Lock()
@@ -119,7 +133,11 @@ class Store(abc.ABC):
                     f"Store.create({prefix_path!r}): dbfs: paths need Databricks "
                     f"({DATABRICKS_ENV_VAR} is not set). Use a local path or an fsspec URL."
                 )
+            if _is_volume_path(prefix_path[len("dbfs:") :]):
+                return VolumeStore("/" + prefix_path[len("dbfs:") :].lstrip("/"))
             return DBFSLocalStore(prefix_path)
+        if on_databricks and _is_volume_path(prefix_path):
+            return VolumeStore(prefix_path)
         if on_databricks and (prefix_path == "/dbfs" or prefix_path.startswith("/dbfs/")):
             return DBFSLocalStore(prefix_path)
         if prefix_path.startswith("file://"):
@@ -393,6 +411,76 @@ class DBFSLocalStore(LocalStore):
         if root == DEFAULT_DBFS_ROOT:
             return "dbfs:/" + posixpath.relpath(path, root)
         return "file://" + path
+
+
+def _is_volume_path(path: str) -> bool:
+    return path.rstrip("/") == DEFAULT_VOLUMES_ROOT or path.startswith(DEFAULT_VOLUMES_ROOT + "/")
+
+
+def _volumes_root() -> str:
+    return os.environ.get(VOLUMES_ROOT_ENV_VAR) or DEFAULT_VOLUMES_ROOT
+
+
+def _volume_parts(path: str) -> list[str]:
+    """``/Volumes/<catalog>/<schema>/<volume>/...`` → its parts after ``/Volumes``; a
+    ValueError naming the form when the path does not name a volume (Databricks allows
+    files only inside a volume, never in ``/Volumes/<catalog>/<schema>`` itself)."""
+    parts = [p for p in posixpath.normpath(path).split("/")[2:] if p]
+    if len(parts) < 3 or ".." in parts:
+        raise ValueError(
+            f"Store.create({path!r}): a Unity Catalog volume path is "
+            "/Volumes/<catalog>/<schema>/<volume>/<folder>, and this one names "
+            f"{'/'.join(['<catalog>', '<schema>', '<volume>'][: len(parts)]) or 'no catalog'}"
+            " only. Create a volume (CREATE VOLUME <catalog>.<schema>.<volume>) and give a "
+            "folder inside it, e.g. /Volumes/main/default/ringtrain/my_run."
+        )
+    return parts
+
+
+@dataclass(frozen=True)
+class VolumeStore(LocalStore):
+    """A Unity Catalog volume on Databricks through its FUSE mount (``/Volumes/<catalog>/
+    <schema>/<volume>/...``, the same path on the driver and every executor); Spark writes
+    it as ``dbfs:/Volumes/...``. With ``RING_VOLUMES_ROOT`` set (tests, or a mount
+    elsewhere) the path maps under that root and Spark writes ``file://``."""
+
+    def __post_init__(self) -> None:
+        parts = _volume_parts(self.prefix_path)
+        object.__setattr__(self, "prefix_path", posixpath.join(_volumes_root(), *parts))
+
+    @property
+    def volume(self) -> str:
+        """``<catalog>.<schema>.<volume>``: the volume this store lives in."""
+        rel = posixpath.relpath(self.prefix_path, _volumes_root()).split("/")
+        return ".".join(rel[:3])
+
+    def url(self, path: str) -> str:
+        root = _volumes_root()
+        if root == DEFAULT_VOLUMES_ROOT:
+            return "dbfs:" + path
+        return "file://" + path
+
+
+def default_store() -> Store:
+    """The store of a fit given none: a new temporary directory here; on Databricks a
+    new folder in the volume ``RING_DATABRICKS_VOLUME`` names, else in
+    ``/Volumes/main/default/ringtrain`` when that volume exists. A ValueError saying how
+    to give one when neither is there (a driver's temporary directory is not on the
+    executors of a multi-node cluster, and the DBFS root is deprecated)."""
+    if not os.environ.get(DATABRICKS_ENV_VAR):
+        return Store.create(tempfile.mkdtemp(prefix="ringtrain-store-"))
+    named = os.environ.get(DEFAULT_VOLUME_ENV_VAR)
+    volume = named or DEFAULT_VOLUME
+    store = Store.create(volume)
+    if not isinstance(store, VolumeStore) or not os.path.isdir(store.prefix_path):
+        source = f"{DEFAULT_VOLUME_ENV_VAR}={named!r}" if named else f"the default {volume}"
+        raise ValueError(
+            f"RingEstimator has no store and {source} is not a Unity Catalog volume this "
+            "cluster mounts. Pass one every node reaches: store=Store.create('/Volumes/"
+            "<catalog>/<schema>/<volume>/<folder>') (CREATE VOLUME <catalog>.<schema>."
+            f"<volume> makes one), or set {DEFAULT_VOLUME_ENV_VAR} to a volume path."
+        )
+    return Store.create(posixpath.join(volume, f"store-{uuid.uuid4().hex[:12]}"))
 
 
 def _move(fs: Any, src: str, dst: str) -> None:

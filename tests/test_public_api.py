@@ -361,6 +361,8 @@ PUBLIC = {
         "RingEstimator",
         "RingModel",
         "Store",
+        "VolumeStore",
+        "default_store",
     },
 }
 

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from estimators import DBFSLocalStore, FsspecStore, LocalStore, Store
+from estimators import DBFSLocalStore, FsspecStore, LocalStore, Store, VolumeStore, default_store
 
 
 @pytest.fixture
@@ -123,6 +123,70 @@ def test_dbfs_paths_map_to_the_fuse_root_on_databricks(monkeypatch, tmp_path):
     assert store.url(store.prefix_path) == "file://" + str(tmp_path / "ml" / "run")
     _checkpoint_round_trip(store)
     assert os.path.isfile(tmp_path / "ml" / "run" / "runs" / "r1" / "checkpoint" / "checkpoint.pt")
+
+
+def test_volume_paths_make_volume_stores_on_databricks_that_spark_names_by_dbfs_url(
+    monkeypatch, tmp_path
+):
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "17.3")
+    monkeypatch.delenv("RING_VOLUMES_ROOT", raising=False)
+    real = Store.create("/Volumes/main/ml/vol/runs_a")
+    assert isinstance(real, VolumeStore) and real.prefix_path == "/Volumes/main/ml/vol/runs_a"
+    assert real.volume == "main.ml.vol"
+    assert real.url(real.get_train_data_path(0)) == (
+        "dbfs:/Volumes/main/ml/vol/runs_a/intermediate_train_data.0"
+    )
+    assert Store.create("dbfs:/Volumes/main/ml/vol/runs_a") == real
+    assert pickle.loads(pickle.dumps(real)) == real
+    # emulated: the volume mount under a local root; Spark then writes file:// URLs
+    monkeypatch.setenv("RING_VOLUMES_ROOT", str(tmp_path))
+    store = Store.create("/Volumes/main/ml/vol/runs_a")
+    assert store.prefix_path == str(tmp_path / "main" / "ml" / "vol" / "runs_a")
+    assert store.url(store.prefix_path) == "file://" + store.prefix_path
+    _checkpoint_round_trip(store)
+    assert (tmp_path / "main/ml/vol/runs_a/runs/r1/checkpoint/checkpoint.pt").is_file()
+    # off Databricks a /Volumes path is an ordinary local path
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION")
+    assert type(Store.create("/Volumes/main/ml/vol/x")) is LocalStore
+
+
+@pytest.mark.parametrize(
+    ("path", "names"),
+    [("/Volumes", "no catalog"), ("/Volumes/main", "<catalog> only"),
+     ("/Volumes/main/ml", "<catalog>/<schema> only"), ("dbfs:/Volumes/main/ml/", "<schema> only")],
+)  # fmt: skip
+def test_a_volume_path_that_names_no_volume_is_refused_with_the_form(monkeypatch, path, names):
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "15.4")
+    with pytest.raises(ValueError, match=r"/Volumes/<catalog>/<schema>/<volume>/<folder>") as err:
+        Store.create(path)
+    assert names in str(err.value) and "CREATE VOLUME" in str(err.value)
+
+
+def test_the_default_store_is_a_temporary_directory_here_and_a_volume_on_databricks(
+    monkeypatch, tmp_path
+):
+    monkeypatch.delenv("DATABRICKS_RUNTIME_VERSION", raising=False)
+    here = default_store()
+    try:
+        assert type(here) is LocalStore and os.path.isdir(here.prefix_path)
+    finally:
+        here.rm(here.prefix_path)
+    monkeypatch.setenv("DATABRICKS_RUNTIME_VERSION", "16.4")
+    monkeypatch.setenv("RING_VOLUMES_ROOT", str(tmp_path))
+    monkeypatch.delenv("RING_DATABRICKS_VOLUME", raising=False)
+    # no volume main.default.ringtrain: refused before any job, saying how to give one
+    with pytest.raises(ValueError, match=r"has no store and the default /Volumes/main/default/"):
+        default_store()
+    (tmp_path / "main" / "default" / "ringtrain").mkdir(parents=True)
+    store = default_store()
+    assert isinstance(store, VolumeStore) and store.volume == "main.default.ringtrain"
+    assert os.path.dirname(store.prefix_path) == str(tmp_path / "main/default/ringtrain")
+    assert default_store() != store  # a new folder per fit
+    monkeypatch.setenv("RING_DATABRICKS_VOLUME", "/Volumes/ml/team/scratch")
+    with pytest.raises(ValueError, match=r"RING_DATABRICKS_VOLUME='/Volumes/ml/team/scratch'"):
+        default_store()
+    (tmp_path / "ml" / "team" / "scratch").mkdir(parents=True)
+    assert default_store().volume == "ml.team.scratch"
 
 
 def test_a_run_of_the_old_layout_still_finds_its_checkpoint(tmp_path):
