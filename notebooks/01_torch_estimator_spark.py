@@ -9,9 +9,11 @@
 #
 # **Run it** in a local Jupyter (`pip install "ringtrain[spark,petastorm,notebooks]"`) or on
 # Databricks (a cluster with ringtrain installed, e.g. `%pip install "ringtrain[spark,petastorm]"`
-# in the first cell). On Databricks the notebook uses the cluster's `spark` and writes
-# under `/dbfs/tmp/ringtrain/`; elsewhere it starts `local[2]` and writes to a temporary
-# directory. `RING_NOTEBOOK_QUICK=1` trains for fewer epochs (the tests set it).
+# in the first cell). On Databricks the notebook uses the cluster's `spark` (classic,
+# shared-access or serverless: it never touches the SparkContext) and writes under a Unity
+# Catalog volume, `RING_NOTEBOOK_VOLUME` or `/Volumes/main/default/ringtrain` (make it
+# with `CREATE VOLUME main.default.ringtrain`); elsewhere it starts `local[2]` and writes
+# to a temporary directory. `RING_NOTEBOOK_QUICK=1` trains for fewer epochs (the tests set it).
 
 # %%
 import os
@@ -28,18 +30,23 @@ try:
 except NameError:
     import spark_runner
 
-    spark = spark_runner.local_session("local[2]", app_name="ringtrain-01_torch_estimator_spark")
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = spark_runner.local_session(
+        "local[2]", app_name="ringtrain-01_torch_estimator_spark", log_level="ERROR"
+    )
     OWN_SPARK = True
 
-# Files every worker must reach: DBFS on Databricks, a temporary directory here.
+# Files every worker must reach: a Unity Catalog volume on Databricks, a temporary
+# directory here.
 WORK_DIR = (
-    "/dbfs/tmp/ringtrain/01_torch_estimator_spark"
+    os.path.join(
+        os.environ.get("RING_NOTEBOOK_VOLUME", "/Volumes/main/default/ringtrain"),
+        "01_torch_estimator_spark",
+    )
     if ON_DATABRICKS
     else tempfile.mkdtemp(prefix="ringtrain-01_torch_estimator_spark-")
 )
 os.makedirs(WORK_DIR, exist_ok=True)
-print(f"Spark {spark.version} on {spark.sparkContext.master}; files under {WORK_DIR}")
+print(f"Spark {spark.version}; files under {WORK_DIR}")
 
 # %% [markdown]
 # ## The data: one row per image, one column per pixel
@@ -170,8 +177,10 @@ from pyspark.ml import PipelineModel
 # The fitted model is a Spark ML Model: it goes into a PipelineModel beside the
 # VectorAssembler, and the pipeline saves and loads as any other.
 pipeline = PipelineModel(stages=[assembler, ring_model])
-# "file:" keeps Spark on the local file system (on Databricks: the /dbfs FUSE mount).
-pipeline_path = "file:" + os.path.join(WORK_DIR, "digits_pipeline")
+# Spark reads a volume by its /Volumes path; here "file:" keeps it on the local disk.
+pipeline_path = os.path.join(WORK_DIR, "digits_pipeline")
+if not ON_DATABRICKS:
+    pipeline_path = "file:" + pipeline_path
 pipeline.write().overwrite().save(pipeline_path)
 
 loaded = PipelineModel.load(pipeline_path)

@@ -9,8 +9,9 @@
 #
 # **Run it** locally (`pip install "ringtrain[ray,notebooks]"`): the notebook
 # starts a Ray instance with 2 CPUs bound to this machine. On Databricks it
-# starts Ray on the Spark cluster with `ray.util.spark.setup_ray_cluster` and keeps
-# the run under `/dbfs/tmp/ringtrain/` (every worker must reach the storage path).
+# starts Ray on the Spark cluster with `ray.util.spark.setup_ray_cluster` (and shuts it
+# down at the end) and keeps the run under a Unity Catalog volume, `RING_NOTEBOOK_VOLUME`
+# or `/Volumes/main/default/ringtrain` (every worker must reach the storage path).
 # `RING_NOTEBOOK_QUICK=1` trains for fewer epochs.
 
 # %%
@@ -21,9 +22,12 @@ import tempfile
 QUICK = os.environ.get("RING_NOTEBOOK_QUICK") == "1"
 ON_DATABRICKS = "DATABRICKS_RUNTIME_VERSION" in os.environ
 
-# Files every worker must reach: DBFS on Databricks, a temporary directory here.
+# Files every worker must reach: a Unity Catalog volume on Databricks, a temporary
+# directory here.
 WORK_DIR = (
-    "/dbfs/tmp/ringtrain/03_ray_trainer"
+    os.path.join(
+        os.environ.get("RING_NOTEBOOK_VOLUME", "/Volumes/main/default/ringtrain"), "03_ray_trainer"
+    )
     if ON_DATABRICKS
     else tempfile.mkdtemp(prefix="ringtrain-03_ray_trainer-")
 )
@@ -186,5 +190,9 @@ fig.savefig(os.path.join(WORK_DIR, "ray_metrics.png"))
 plt.show()
 
 # %%
-if OWN_RAY and not ON_DATABRICKS:
+if OWN_RAY:
     ray.shutdown()
+    if ON_DATABRICKS:  # the Ray cluster this notebook started on the Spark workers
+        from ray.util.spark import shutdown_ray_cluster
+
+        shutdown_ray_cluster()

@@ -10,9 +10,11 @@
 #
 # **Run it** in a local Jupyter (`pip install "ringtrain[spark,notebooks]"`) or on
 # Databricks (a cluster with ringtrain installed, e.g. `%pip install "ringtrain[spark]"`
-# in the first cell). On Databricks the notebook uses the cluster's `spark` and writes
-# under `/dbfs/tmp/ringtrain/`; elsewhere it starts `local[2]` and writes to a temporary
-# directory. `RING_NOTEBOOK_QUICK=1` trains for fewer epochs (the tests set it).
+# in the first cell). On Databricks the notebook uses the cluster's `spark` (classic,
+# shared-access or serverless: it never touches the SparkContext) and writes under a Unity
+# Catalog volume, `RING_NOTEBOOK_VOLUME` or `/Volumes/main/default/ringtrain` (make it
+# with `CREATE VOLUME main.default.ringtrain`); elsewhere it starts `local[2]` and writes
+# to a temporary directory. `RING_NOTEBOOK_QUICK=1` trains for fewer epochs (the tests set it).
 
 # %%
 import os
@@ -29,18 +31,23 @@ try:
 except NameError:
     import spark_runner
 
-    spark = spark_runner.local_session("local[2]", app_name="ringtrain-04_horovod_migration")
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = spark_runner.local_session(
+        "local[2]", app_name="ringtrain-04_horovod_migration", log_level="ERROR"
+    )
     OWN_SPARK = True
 
-# Files every worker must reach: DBFS on Databricks, a temporary directory here.
+# Files every worker must reach: a Unity Catalog volume on Databricks, a temporary
+# directory here.
 WORK_DIR = (
-    "/dbfs/tmp/ringtrain/04_horovod_migration"
+    os.path.join(
+        os.environ.get("RING_NOTEBOOK_VOLUME", "/Volumes/main/default/ringtrain"),
+        "04_horovod_migration",
+    )
     if ON_DATABRICKS
     else tempfile.mkdtemp(prefix="ringtrain-04_horovod_migration-")
 )
 os.makedirs(WORK_DIR, exist_ok=True)
-print(f"Spark {spark.version} on {spark.sparkContext.master}; files under {WORK_DIR}")
+print(f"Spark {spark.version}; files under {WORK_DIR}")
 
 # %% [markdown]
 # ## The Horovod script, as it was

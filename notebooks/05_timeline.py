@@ -11,9 +11,11 @@
 #
 # **Run it** in a local Jupyter (`pip install "ringtrain[spark,notebooks]"`) or on
 # Databricks (a cluster with ringtrain installed, e.g. `%pip install "ringtrain[spark]"`
-# in the first cell). On Databricks the notebook uses the cluster's `spark` and writes
-# under `/dbfs/tmp/ringtrain/`; elsewhere it starts `local[2]` and writes to a temporary
-# directory. `RING_NOTEBOOK_QUICK=1` trains for fewer epochs (the tests set it).
+# in the first cell). On Databricks the notebook uses the cluster's `spark` (classic,
+# shared-access or serverless: it never touches the SparkContext) and writes under a Unity
+# Catalog volume, `RING_NOTEBOOK_VOLUME` or `/Volumes/main/default/ringtrain` (make it
+# with `CREATE VOLUME main.default.ringtrain`); elsewhere it starts `local[2]` and writes
+# to a temporary directory. `RING_NOTEBOOK_QUICK=1` trains for fewer epochs (the tests set it).
 
 # %%
 import os
@@ -30,18 +32,22 @@ try:
 except NameError:
     import spark_runner
 
-    spark = spark_runner.local_session("local[2]", app_name="ringtrain-05_timeline")
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = spark_runner.local_session(
+        "local[2]", app_name="ringtrain-05_timeline", log_level="ERROR"
+    )
     OWN_SPARK = True
 
-# Files every worker must reach: DBFS on Databricks, a temporary directory here.
+# Files every worker must reach: a Unity Catalog volume on Databricks, a temporary
+# directory here.
 WORK_DIR = (
-    "/dbfs/tmp/ringtrain/05_timeline"
+    os.path.join(
+        os.environ.get("RING_NOTEBOOK_VOLUME", "/Volumes/main/default/ringtrain"), "05_timeline"
+    )
     if ON_DATABRICKS
     else tempfile.mkdtemp(prefix="ringtrain-05_timeline-")
 )
 os.makedirs(WORK_DIR, exist_ok=True)
-print(f"Spark {spark.version} on {spark.sparkContext.master}; files under {WORK_DIR}")
+print(f"Spark {spark.version}; files under {WORK_DIR}")
 
 
 # %%
@@ -76,8 +82,8 @@ def train(steps):
 # %% [markdown]
 # ## Train with the timeline on
 #
-# On Databricks rank 0 runs on an executor, so the file goes to `/dbfs/...`
-# where the driver can read it.
+# On Databricks rank 0 runs on an executor, so the file goes to the volume
+# (`/Volumes/...`), where the driver can read it.
 
 # %%
 import spark_runner
@@ -175,8 +181,8 @@ plt.show()
 # ## Open it in Perfetto
 #
 # Go to <https://ui.perfetto.dev>, choose **Open trace file** and pick
-# `timeline.json` (on Databricks, download it from `/dbfs/tmp/ringtrain/05_timeline/`
-# first). `chrome://tracing` in Chrome opens it too (**Load**). Each tensor is a
+# `timeline.json` (on Databricks, download it from the volume's `05_timeline/` folder
+# first, in Catalog Explorer). `chrome://tracing` in Chrome opens it too (**Load**). Each tensor is a
 # row; click a bar for its phase and duration. In a script, `hvd.start_timeline(path)`
 # / `hvd.stop_timeline()` record only part of a run.
 

@@ -15,9 +15,10 @@ stored without outputs, with stable cell ids (``cell-00``, ...), so a rebuild of
 unchanged source changes nothing.
 
 Every notebook runs as is on Databricks and in a local Jupyter: it uses the notebook's
-``spark`` when there is one, else builds a local session; its files go under
-``/dbfs/tmp/ringtrain/...`` on Databricks (``DATABRICKS_RUNTIME_VERSION`` set), else into
-a new temporary directory. ``RING_NOTEBOOK_QUICK=1`` (the tests set it) trains for fewer
+``spark`` when there is one (never its SparkContext, which shared-access and serverless
+compute do not give), else builds a local session; its files go under a Unity Catalog
+volume on Databricks (``DATABRICKS_RUNTIME_VERSION`` set; ``RING_NOTEBOOK_VOLUME``, default
+``/Volumes/main/default/ringtrain``), else into a new temporary directory. ``RING_NOTEBOOK_QUICK=1`` (the tests set it) trains for fewer
 epochs so that the five notebooks run in a few minutes on two cores.
 """
 

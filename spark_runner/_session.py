@@ -19,11 +19,16 @@ from ._platform import defaults
 
 
 def local_session(
-    master: str = "local[2]", app_name: str = "ringtrain", conf: dict[str, str] | None = None
+    master: str = "local[2]",
+    app_name: str = "ringtrain",
+    conf: dict[str, str] | None = None,
+    log_level: str | None = None,
 ) -> Any:
     """Create (or get) a SparkSession on this machine bound to 127.0.0.1. On Databricks
     (``DATABRICKS_RUNTIME_VERSION`` set) it returns the notebook's active session and
-    ignores the arguments, so a script written against a local session runs unchanged."""
+    ignores the arguments, so a script written against a local session runs unchanged.
+    ``log_level`` (e.g. ``"ERROR"``) sets the new session's Spark log level, so a
+    notebook need not reach for the SparkContext itself."""
     import pyspark
     from pyspark.sql import SparkSession
 
@@ -55,4 +60,7 @@ def local_session(
     )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    session = builder.getOrCreate()
+    if log_level is not None:
+        session.sparkContext.setLogLevel(log_level)
+    return session

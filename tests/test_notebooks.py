@@ -17,6 +17,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -73,6 +74,26 @@ def test_the_notebooks_are_the_ones_their_sources_generate_without_outputs():
             if cell.cell_type == "code":
                 assert cell.outputs == [] and cell.execution_count is None, f"{name} holds outputs"
     assert set(NOT_EXECUTED) <= set(_notebook_names())
+
+
+# What shared-access and serverless Databricks compute refuse (the SparkContext and the
+# JVM behind it), and the DBFS root that Unity Catalog workspaces deprecate.
+_NOT_ON_SHARED_COMPUTE = re.compile(
+    r"\.sparkContext\b|\bSparkContext\s*[.(]|\._jvm\b|\._jsc\b|/dbfs\b|dbfs:/"
+)
+
+
+def test_the_notebooks_hold_no_sparkcontext_access_nor_dbfs_root_paths_and_stop_their_ray():
+    sources = _generator().sources()
+    for source in sources:
+        text = source.read_text()
+        found = [m.group(0) for m in _NOT_ON_SHARED_COMPUTE.finditer(text)]
+        assert not found, f"notebooks/{source.name} holds {found}: not on shared compute"
+        if "setup_ray_cluster(" in text:  # Ray-on-Spark started here is shut down here
+            assert "shutdown_ray_cluster()" in text.split("setup_ray_cluster(", 1)[1], source.name
+        if "DATABRICKS_RUNTIME_VERSION" in text and "WORK_DIR" in text:
+            assert "RING_NOTEBOOK_VOLUME" in text and "/Volumes/" in text, source.name
+    assert any("setup_ray_cluster(" in s.read_text() for s in sources)
 
 
 @pytest.fixture(scope="module")
