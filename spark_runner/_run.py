@@ -18,7 +18,7 @@ from ringcore import RingError, cuda_built
 from ringcore.launch import NICS_ENV_VARS, dumps_with_user_code, get_float, nic_names
 
 from . import _connect
-from ._errors import decode_worker_error
+from ._errors import decode_worker_error, executor_import_error, executors_python
 from ._logserver import LogServer
 from ._platform import defaults
 from ._slots import retries_configured, wait_for_slots
@@ -329,6 +329,12 @@ def _run_stage(sc: Any, fn, payload: bytes, spec: TaskSpec, verbose: int) -> lis
         worker_error = decode_worker_error(str(exc), spec.secret)
         if worker_error is not None:
             raise worker_error from None
+        what = f"spark_runner.run of {name} on {num_proc} tasks"
+        missing = executor_import_error(
+            str(exc), executors_python(getattr(sc, "pythonExec", None), sc.getConf().get), what
+        )
+        if missing is not None:
+            raise missing from exc
         raise RingError(f"the Spark barrier stage of {num_proc} tasks failed: {exc}") from exc
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
