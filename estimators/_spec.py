@@ -6,12 +6,16 @@ the torch and Keras specs add their model's own fields (all keyword-only, pickla
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from spark_runner import ATTEMPT_ENV_VAR
+
 from ._store import Store
 
-__all__ = ["DataSpec", "data_spec_fields"]
+__all__ = ["DataSpec", "data_spec_fields", "writer"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +40,13 @@ class DataSpec:
     run_id: str
     sample_weight_col: str | None = None  # per-row weights of the loss
     transformation_fn: Any = None  # fn(batch) -> batch, on every batch
+    fit_token: int = 0  # the driver's time_ns() as the fit started: orders fits of one run
+
+
+def writer(spec: DataSpec) -> tuple[int, int]:
+    """This task's checkpoint writer, ``(fit, Spark stage attempt)`` (see
+    :meth:`Store.claim_run`): a later fit, or a later attempt of one, is newer."""
+    return spec.fit_token, int(os.environ.get(ATTEMPT_ENV_VAR, "0"))
 
 
 def data_spec_fields(cfg: Any, data: Any) -> dict[str, Any]:
@@ -59,4 +70,5 @@ def data_spec_fields(cfg: Any, data: Any) -> dict[str, Any]:
         "run_id": cfg.run_id,
         "sample_weight_col": cfg.sample_weight_col,
         "transformation_fn": cfg.transformation_fn,
+        "fit_token": time.time_ns(),
     }

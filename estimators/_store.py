@@ -59,7 +59,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-__all__ = ["DBFSLocalStore", "FsspecStore", "LocalStore", "Store", "VolumeStore", "default_store"]
+__all__ = [
+    "DBFSLocalStore",
+    "FsspecStore",
+    "LocalStore",
+    "StaleWriterError",
+    "Store",
+    "VolumeStore",
+    "default_store",
+]
 
 log = logging.getLogger("ringtrain.estimators")
 
@@ -69,6 +77,7 @@ DATA_CLAIM = ".intermediate_data_claim"  # hidden: not data itself
 CHECKPOINT_FILE = "checkpoint.pt"
 PREVIOUS_SUFFIX = ".prev"  # the checkpoint before the newest, kept for a crash
 HISTORY_FILE = "history.json"
+WRITER_FILE = "writer.json"  # which fit and stage attempt owns the run's checkpoints
 DBFS_ROOT_ENV_VAR = "RING_DBFS_ROOT"
 DEFAULT_DBFS_ROOT = "/dbfs"
 DATABRICKS_ENV_VAR = "DATABRICKS_RUNTIME_VERSION"
@@ -111,6 +120,11 @@ def _fsync_path(path: str, directory: bool = False) -> None:
             raise
     finally:
         os.close(fd)
+
+
+class StaleWriterError(RuntimeError):
+    """A zombie attempt tried to write a run's checkpoint after a newer one took the run
+    over: the write is refused and the run's checkpoints stay the newer attempt's."""
 
 
 class Store(abc.ABC):
@@ -175,6 +189,52 @@ class Store(abc.ABC):
 
     def get_history_path(self, run_id: str) -> str:
         return posixpath.join(self.get_logs_path(run_id), HISTORY_FILE)
+
+    def get_writer_path(self, run_id: str) -> str:
+        return posixpath.join(self.get_checkpoints_path(run_id), WRITER_FILE)
+
+    # --- who may write a run's checkpoints --------------------------------------------
+    #
+    # A writer is (fit, attempt): the driver's time_ns() when the fit started and the
+    # Spark stage attempt. Rank 0 of each attempt claims the run when it starts; before
+    # every checkpoint it checks that no newer writer has claimed it since. A zombie (an
+    # attempt Spark gave up on whose process still runs: a partitioned executor, a
+    # retried stage's straggler) thus never overwrites the newer attempt's checkpoint.
+
+    def _writer(self, run_id: str) -> tuple[int, int] | None:
+        path = self.get_writer_path(run_id)
+        if not self.exists(path):
+            return None
+        try:
+            raw = self.read_json(path)
+            return int(raw["fit"]), int(raw["attempt"])
+        except (ValueError, KeyError, TypeError, OSError):
+            return None  # a torn claim (a crash while it was written) claims nothing
+
+    def _refuse_if_stale(self, run_id: str, writer: tuple[int, int], doing: str) -> None:
+        newest = self._writer(run_id)
+        if newest is not None and newest > writer:
+            raise StaleWriterError(
+                f"run {run_id!r}: this task (fit {writer[0]}, stage attempt {writer[1]}) "
+                f"would {doing}, but a newer attempt (fit {newest[0]}, stage attempt "
+                f"{newest[1]}) owns the run's checkpoints now; it stops without writing. "
+                "This is a zombie attempt left behind by a retried stage or a later fit "
+                "of the same run_id: nothing to fix unless it keeps happening."
+            )
+
+    def claim_run(self, run_id: str, writer: tuple[int, int]) -> None:
+        """The run's checkpoints are ``writer``'s from now on (rank 0, as an attempt
+        starts); a StaleWriterError when a newer writer claimed them already."""
+        self._refuse_if_stale(run_id, writer, "claim the run")
+        self.write_json(self.get_writer_path(run_id), {"fit": writer[0], "attempt": writer[1]})
+
+    def write_checkpoint(
+        self, run_id: str, writer: tuple[int, int], write: Callable[[BinaryIO], object]
+    ) -> None:
+        """:meth:`write_atomic` of the run's checkpoint, unless a newer writer than
+        ``writer`` has claimed the run (then a StaleWriterError, nothing written)."""
+        self._refuse_if_stale(run_id, writer, "write a checkpoint")
+        self.write_atomic(self.get_checkpoint_path(run_id), write)
 
     def find_checkpoint(self, run_id: str) -> str | None:
         """The run's checkpoint file (the current layout's, else the legacy one), if any.

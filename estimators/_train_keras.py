@@ -42,7 +42,7 @@ from pyspark.sql.types import ArrayType, DataType, DoubleType
 
 from ringcore.data import make_reader, read_shard, to_numpy_columns
 
-from ._spec import DataSpec, data_spec_fields
+from ._spec import DataSpec, data_spec_fields, writer
 from ._train_torch import _columns, _local_copies
 
 __all__ = [
@@ -255,6 +255,8 @@ def _restore(model: Any, spec: KerasTrainSpec, hvd: Any) -> tuple[int, list[dict
     """Rank 0 loads the run's checkpoint when there is one (weights and optimizer
     state); every rank gets ``(epochs done, history)``."""
     done: tuple[int, list[dict[str, Any]]] = (0, [])
+    if hvd.rank() == 0:  # this attempt writes the run's checkpoints from now on
+        spec.store.claim_run(spec.run_id, writer(spec))
     path = spec.store.find_checkpoint(spec.run_id) if hvd.rank() == 0 else None
     if path is not None:
         saved = model_from_bytes(spec.store.read_bytes(path), compile=True)
@@ -286,9 +288,7 @@ def _epoch_callback(spec: KerasTrainSpec, history: list[dict[str, Any]], rank: i
             history.append(entry)
             if rank == 0:
                 data = model_to_bytes(self.model)
-                spec.store.write_atomic(
-                    spec.store.get_checkpoint_path(spec.run_id), lambda f: f.write(data)
-                )
+                spec.store.write_checkpoint(spec.run_id, writer(spec), lambda f: f.write(data))
                 spec.store.write_json(spec.store.get_history_path(spec.run_id), history)
 
     return EpochRecorder()

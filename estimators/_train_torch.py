@@ -41,7 +41,7 @@ from ._lightning import (
     step_loss,
 )
 from ._metrics import resolve_metrics
-from ._spec import DataSpec
+from ._spec import DataSpec, writer
 
 __all__ = ["TrainSpec", "as_outputs", "to_device", "to_inputs", "train"]
 
@@ -173,6 +173,8 @@ def _restore(task: _Task, spec: TrainSpec) -> tuple[int, list[dict[str, Any]]]:
     """Load the run's checkpoint on rank 0 when there is one; every rank gets
     ``(epochs done, history)``. The caller broadcasts the state afterwards."""
     done: tuple[int, list[dict[str, Any]]] = (0, [])
+    if hvd.rank() == 0:  # this attempt writes the run's checkpoints from now on
+        spec.store.claim_run(spec.run_id, writer(spec))
     path = spec.store.find_checkpoint(spec.run_id) if hvd.rank() == 0 else None
     if path is not None:
         checkpoint = torch.load(
@@ -497,9 +499,7 @@ def _save_checkpoint(
     }
     if task.scheduler is not None:
         state["scheduler"] = task.scheduler.state_dict()
-    spec.store.write_atomic(
-        spec.store.get_checkpoint_path(spec.run_id), lambda f: torch.save(state, f)
-    )
+    spec.store.write_checkpoint(spec.run_id, writer(spec), lambda f: torch.save(state, f))
     spec.store.write_json(spec.store.get_history_path(spec.run_id), history)
 
 

@@ -432,3 +432,88 @@ def test_a_store_that_stops_taking_writes_fails_clearly_and_keeps_the_last_check
         assert checkpoint["epoch"] == 2 and [e["epoch"] for e in checkpoint["history"]] == [1, 2]
         assert _temporaries(store.get_checkpoints_path("full")) == []
     record(request, detect_s=detected, note=applied[1])
+
+
+# --- a zombie attempt writing the run's checkpoint ---------------------------------------------
+
+
+def _newer_attempt_claims(store: Store, run_id: str, at_epoch: int, marks: str) -> Callback:
+    """On rank 0 of stage attempt 0, after epoch ``at_epoch`` (0-based) is checkpointed,
+    what a retried attempt does as it starts: claim the run's checkpoints as stage
+    attempt 1 of the same fit. From here this attempt is the zombie: it trains on, and its
+    next checkpoint must be refused."""
+
+    class Claim(Callback):
+        def on_epoch_end(self, epoch, logs):
+            attempt = int(os.environ.get(spark_runner.ATTEMPT_ENV_VAR, "0"))
+            if self.rank != 0 or attempt != 0 or epoch != at_epoch:
+                return
+            claim = store.read_json(store.get_writer_path(run_id))
+            store.write_json(store.get_writer_path(run_id), {**claim, "attempt": 1})
+            # (no test-module function in here: the executors cannot import this module)
+            done = len(store.read_json(store.get_history_path(run_id)))
+            with open(os.path.join(marks, "claimed"), "w") as f:
+                json.dump({"claim": claim, "checkpointed": done}, f)
+
+    return Claim()
+
+
+@pytest.mark.reliability(
+    fault="a zombie task attempt writing the run's checkpoint after a retry took over",
+    category="fault",
+)
+@pytest.mark.timeout(420)
+def test_a_zombie_attempt_never_overwrites_the_checkpoint_of_the_attempt_that_took_over(
+    cluster, frame, tmp_path, request
+):
+    store = Store.create(str(tmp_path / "store"))
+    marks = str(tmp_path / "marks")
+    os.makedirs(marks)
+    estimator = _estimator(
+        store,
+        "zombie",
+        callbacks=[_newer_attempt_claims(store, "zombie", 1, marks), _start_recorder(marks)],
+    )
+    model = estimator.fit(frame)
+    with open(os.path.join(marks, "claimed")) as f:
+        claimed = json.load(f)
+    # attempt 0 had checkpointed epoch 2 when "attempt 1" claimed the run; its epoch-3
+    # checkpoint was refused (StaleWriterError failed the stage), Spark reran the stage,
+    # and attempt 1 resumed from epoch 2's checkpoint and finished
+    assert claimed["checkpointed"] == 2 and claimed["claim"]["attempt"] == 0
+    starts = _starts(marks)
+    retried = {n: e for n, e in starts.items() if "-attempt0-" not in n}
+    assert sorted(e for n, e in starts.items() if "-attempt0-" in n) == [0, 0], starts
+    assert retried and set(retried.values()) == {2}, starts
+    assert [e["epoch"] for e in model.getHistory()] == list(range(1, EPOCHS + 1))
+    assert _checkpoint(store, "zombie")["epoch"] == EPOCHS
+    final = store.read_json(store.get_writer_path("zombie"))
+    assert final == {"fit": claimed["claim"]["fit"], "attempt": 1}
+    reference = _estimator(store, "zombie-reference").fit(frame)
+    for name, value in reference.getModel().state_dict().items():
+        assert torch.allclose(model.getModel().state_dict()[name], value, atol=1e-5), name
+    record(request, note="the zombie's epoch-3 checkpoint refused; attempt 1 resumed at 3")
+
+
+def test_a_writer_older_than_the_runs_claim_is_refused_and_writes_nothing(tmp_path):
+    from estimators._store import StaleWriterError
+
+    store = Store.create(str(tmp_path))
+    store.claim_run("r", (100, 0))
+    store.write_checkpoint("r", (100, 0), lambda f: f.write(b"attempt 0"))
+    store.claim_run("r", (100, 1))  # the retried stage
+    with pytest.raises(StaleWriterError, match=r"stage attempt 0\) would write a checkpoint"):
+        store.write_checkpoint("r", (100, 0), lambda f: f.write(b"zombie"))
+    assert store.read_bytes(store.get_checkpoint_path("r")) == b"attempt 0"
+    store.write_checkpoint("r", (100, 1), lambda f: f.write(b"attempt 1"))
+    store.claim_run("r", (200, 0))  # a later fit of the same run_id resumes it
+    for stale in [(100, 1), (100, 5)]:
+        with pytest.raises(
+            StaleWriterError, match="a newer attempt \\(fit 200, stage attempt 0\\)"
+        ):
+            store.write_checkpoint("r", stale, lambda f: f.write(b"zombie"))
+        with pytest.raises(StaleWriterError):
+            store.claim_run("r", stale)
+    assert store.read_bytes(store.get_checkpoint_path("r")) == b"attempt 1"
+    store.write_bytes(store.get_writer_path("r"), b'{"fit": 2')  # torn by a crash
+    store.write_checkpoint("r", (1, 0), lambda f: f.write(b"after a torn claim"))
