@@ -13,7 +13,6 @@ callbacks, the columns against the schema, the numbers, the store, then what
 from __future__ import annotations
 
 import random
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -24,13 +23,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import BooleanType, IntegralType, NumericType, StructType
 
 from ringcore.data import READERS, petastorm_problems
+from spark_runner import default_num_proc
 
 from ._callbacks import check_callbacks
 from ._checks import check_config
 from ._columns import check_columns, label_kinds
 from ._frameworks import framework_of, get_framework
 from ._runs import run_params, run_to_use
-from ._store import Store
+from ._store import Store, default_store
 
 __all__ = ["FitConfig", "resolve_config"]
 
@@ -185,7 +185,8 @@ def _default_run_id() -> str:
 
 
 def _resolve_store(est: Any) -> Store:
-    store = est.getStore() or Store.create(tempfile.mkdtemp(prefix="ringtrain-store-"))
+    # none given: a temporary directory here, a Unity Catalog volume on Databricks
+    store = est.getStore() or default_store()
     if not store.spark_can_write:
         raise ValueError(
             f"the store {store.prefix_path} lives in the driver's memory, which the Spark workers "
@@ -207,7 +208,8 @@ def resolve_config(est: Any, df: DataFrame | None, spark: SparkSession | None = 
     _check_numbers(est)
     seed = est.getRandomSeed()
     store = _resolve_store(est)
-    parallelism = spark.sparkContext.defaultParallelism if spark is not None else 1
+    num_proc = est.getNumProc()
+    parallelism = default_num_proc(spark) if spark is not None and num_proc is None else 1
     cfg = FitConfig(
         framework=framework,
         model=est.getModel(),
@@ -228,7 +230,7 @@ def resolve_config(est: Any, df: DataFrame | None, spark: SparkSession | None = 
         split_seed=seed,
         store=store,
         run_id=est.getRunId() or _default_run_id(),
-        num_proc=est.getNumProc() or parallelism,
+        num_proc=num_proc or parallelism,
         train_steps_per_epoch=est.getTrainStepsPerEpoch(),
         validation_steps_per_epoch=est.getValidationStepsPerEpoch(),
         reader=est.getReader(),

@@ -38,12 +38,13 @@ def spark_launcher(fn: Callable[..., Any], args: tuple, num_proc: int) -> list[A
 def check_slots(spark: Any, num_proc: int) -> None:
     """Fail with NotEnoughSlotsError (a ValueError) before the data is written when the
     cluster cannot hold ``num_proc`` barrier tasks (a cluster master waits for executors
-    up to ``RING_SPARK_START_TIMEOUT``, as ``spark_runner.run`` does)."""
+    up to ``RING_SPARK_START_TIMEOUT``, as ``spark_runner.run`` does). ``spark``: a
+    classic or a Spark Connect session (there the slots of the server's cluster)."""
     from ringcore.launch import get_float
     from spark_runner import DEFAULT_START_TIMEOUT_S, START_TIMEOUT_ENV_VAR, wait_for_slots
 
     timeout = get_float(START_TIMEOUT_ENV_VAR, DEFAULT_START_TIMEOUT_S)
-    wait_for_slots(spark.sparkContext, num_proc, timeout)
+    wait_for_slots(spark, num_proc, timeout)
 
 
 def _os_error_names() -> set[str]:

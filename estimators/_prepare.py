@@ -62,7 +62,8 @@ def clear_cache() -> None:
 
 
 def _write(frame: DataFrame, url: str, num_proc: int) -> None:
-    frame.repartition(num_proc).write.mode("errorifexists").parquet(url)
+    # "error" (= "errorifexists"): the one spelling a Spark Connect client accepts
+    frame.repartition(num_proc).write.mode("error").parquet(url)
 
 
 def _null_counts(dataset: Any) -> dict[str, int]:

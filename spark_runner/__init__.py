@@ -9,6 +9,9 @@ checkpoint). ``run_elastic(fn, min_num_proc=..., max_num_proc=...)`` keeps a
 rendezvous coordinator). On a Spark Connect session ``run`` uses
 ``mapInArrow(..., barrier=True)`` and returns results in chunks. ``local_session()`` builds a SparkSession set up for this machine (tests,
 scripts, the demo). ``is_connect(spark)`` tells a Spark Connect session from a classic one.
+``wait_for_slots(spark, num_proc, timeout_s)`` (a SparkSession, classic or Connect, or a
+SparkContext) fails before any job when the cluster cannot hold ``num_proc`` barrier tasks;
+``default_num_proc(spark)`` is the ``num_proc`` that ``run`` uses when none is given.
 """
 
 from ._connect import is_connect
@@ -16,7 +19,7 @@ from ._elastic import run_elastic
 from ._platform import DEFAULT_START_TIMEOUT_S
 from ._run import START_TIMEOUT_ENV_VAR, TOPOLOGY_HOSTS_ENV_VAR, run
 from ._session import local_session
-from ._slots import NotEnoughSlotsError, wait_for_slots
+from ._slots import NotEnoughSlotsError, default_num_proc, wait_for_slots
 from ._task import ATTEMPT_ENV_VAR, GPU_ADDRESSES_ENV_VAR
 
 __all__ = [
@@ -26,6 +29,7 @@ __all__ = [
     "START_TIMEOUT_ENV_VAR",
     "TOPOLOGY_HOSTS_ENV_VAR",
     "NotEnoughSlotsError",
+    "default_num_proc",
     "is_connect",
     "local_session",
     "run",

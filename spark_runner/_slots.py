@@ -64,10 +64,30 @@ def describe_cluster(sc: Any) -> str:
     return f"{executors} executors x spark.executor.cores={cores}, spark.task.cpus={task_cpus}"
 
 
+def default_num_proc(spark: Any) -> int:
+    """How many ranks ``run`` starts when ``num_proc`` is None: a classic session's
+    ``sparkContext.defaultParallelism``; on a Spark Connect session (no SparkContext) the
+    task slots of the server's cluster (read from ``spark.conf`` for a ``local[N]`` or
+    ``local-cluster`` master, else one small probe job)."""
+    from . import _connect  # it imports this module
+
+    if _connect.is_connect(spark):
+        return _connect.task_slots(spark)[0]
+    return int(getattr(spark, "sparkContext", spark).defaultParallelism)
+
+
 def wait_for_slots(sc: Any, num_proc: int, timeout_s: float) -> int:
     """Return the slot count once it reaches ``num_proc``; raise before any job starts
     when it cannot. Local masters have a fixed count; cluster masters get up to
-    ``timeout_s`` for executors to register."""
+    ``timeout_s`` for executors to register.
+
+    ``sc``: a SparkContext, or a SparkSession (classic, or Spark Connect: the slots of
+    the server's cluster as ``spark.conf`` tells them, see ``spark_runner._connect``)."""
+    from . import _connect  # it imports this module
+
+    if _connect.is_connect(sc):
+        return _connect.wait_for_slots(sc, num_proc, timeout_s)
+    sc = getattr(sc, "sparkContext", sc)  # a classic SparkSession: its SparkContext
     dynamic = _conf(sc, "spark.dynamicAllocation.enabled", "false").lower() == "true"
     slots = task_slots(sc)
     if slots >= num_proc:

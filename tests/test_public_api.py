@@ -327,6 +327,7 @@ PUBLIC = {
         "NotEnoughSlotsError",
         "START_TIMEOUT_ENV_VAR",
         "TOPOLOGY_HOSTS_ENV_VAR",
+        "default_num_proc",
         "is_connect",
         "local_session",
         "run",
