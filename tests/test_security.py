@@ -4,23 +4,33 @@ A rogue client (this test process, which does not know the secret) connects to r
 coordinator while the job starts: it is refused and closed, the requests it sent are
 never executed, and the job goes on with correct results. A rank with a wrong secret
 cannot join either. The secret never shows in output, log records, exceptions, reprs
-or the store.
+or the store — under ``run_workers``, a ``spark_runner.run`` job (its log server's
+secret too: the task output, the driver's logs, Spark's task failure text) and a Ray
+job (``RayExecutor`` and ``RingTrainer``: actor output, a failed rank's exception, the
+run folder, Ray's log files).
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import json
+import logging
 import os
+import re
 import socket
 import struct
+import sys
 import threading
 import time
+import traceback
+import zlib
 from pathlib import Path
 
 import pytest
 from _reliability import record
 
-from ringcore import RendezvousError
+from ringcore import RendezvousError, WorkerError
 from ringcore.testing import run_workers
 
 _HEADER = struct.Struct("!I")
@@ -229,8 +239,10 @@ def test_a_rank_with_the_wrong_secret_cannot_join_and_the_others_fail_cleanly(re
 
 
 def _leak_worker(secret: str, store_port: int):
+    """Every text a job's secret could reach inside a rank: reprs, error messages, log
+    records, what the rank prints and logs (to its stdout and stderr, which the launcher
+    carries), the store. Leaves the process as it was (Spark and Ray reuse it)."""
     import datetime
-    import logging
 
     import torch
     import torch.distributed as dist
@@ -245,30 +257,45 @@ def _leak_worker(secret: str, store_port: int):
             records.append(rec)
 
     logger = logging.getLogger("ringtrain")
+    level, handlers = logger.level, [Keep(), logging.StreamHandler()]  # and to stderr
     logger.setLevel(logging.DEBUG)
-    logger.addHandler(Keep())
-    logger.addHandler(logging.StreamHandler())  # and to stderr, which the test captures
+    for handler in handlers:
+        logger.addHandler(handler)
     texts: list[str] = []
     secrets_seen = [secret]
-    for fallback in (False, True):
-        if fallback:  # no secret from the launcher: rank 0 makes one
-            del os.environ["RING_SECRET_KEY"]
-        hvd.init()
-        r = hvd.rank()
-        if fallback and r == 0:
-            secrets_seen.append(rt._state.coordinator._secret)
-        texts += [repr(rt._state), repr(rt._state.engine.channel), repr(rt._state.coordinator)]
-        x = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="ok")
-        assert x.tolist() == [2.0, 2.0]
-        try:  # an error message that goes through every layer
-            hvd.allreduce(torch.ones(2 + r), name="mismatch")
-        except Exception as exc:
-            texts += [str(exc), repr(exc)]
-        print(f"rank {r} environment keys: {sorted(k for k in os.environ if 'RING' in k)}")
-        hvd.shutdown()
-    store = dist.TCPStore("127.0.0.1", store_port, 2, False, timeout=datetime.timedelta(seconds=10))
-    values = [k for k in store.list_keys()]
-    values += [store.get(k).decode(errors="replace") for k in values]
+    try:
+        for fallback in (False, True):
+            if fallback:  # no secret from the launcher: rank 0 makes one
+                del os.environ["RING_SECRET_KEY"]
+            hvd.init()
+            r = hvd.rank()
+            if fallback and r == 0:
+                secrets_seen.append(rt._state.coordinator._secret)
+            texts += [repr(rt._state), repr(rt._state.engine.channel), repr(rt._state.coordinator)]
+            x = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="ok")
+            assert x.tolist() == [2.0, 2.0]
+            try:  # an error message that goes through every layer
+                hvd.allreduce(torch.ones(2 + r), name="mismatch")
+            except Exception as exc:
+                texts += [str(exc), repr(exc)]
+            keys = sorted(k for k in os.environ if "RING" in k)
+            print(f"rank {r} environment keys: {keys}", flush=True)
+            hvd.shutdown()
+        store = dist.TCPStore(
+            "127.0.0.1", store_port, 2, False, timeout=datetime.timedelta(seconds=30)
+        )
+        values = [k for k in store.list_keys()]
+        values += [store.get(k).decode(errors="replace") for k in values]
+        # a launcher whose rank 0 hosts the store (Spark) must not drop it under rank 1
+        store.add("leaktest/listed", 1)
+        deadline = time.monotonic() + 30
+        while int(store.add("leaktest/listed", 0)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        os.environ["RING_SECRET_KEY"] = secret
+        logger.setLevel(level)
+        for handler in handlers:
+            logger.removeHandler(handler)
     texts += [rec.getMessage() for rec in records] + [str(rec.args) for rec in records]
     return {"texts": texts, "store": values, "secrets": secrets_seen}
 
@@ -296,6 +323,251 @@ def test_the_secret_never_appears_in_output_logs_exceptions_reprs_or_the_store(c
 
 def _leak_by_env():
     return _leak_worker(os.environ["RING_SECRET_KEY"], int(os.environ["RING_STORE_PORT"]))
+
+
+# -- the same search in a Spark job and in a Ray job ---------------------------------------
+
+_SHARD_ERROR = "rank 1 cannot read its shard"
+# how a Spark task carries a worker's error in its failure text: a zlib'd pickle, base64
+_ERROR_BLOB = re.compile(r"<<ringtrain-worker-error:(?:[0-9a-f]{64}:)?([A-Za-z0-9+/=]+):")
+
+
+def _launcher_secrets() -> list[str]:
+    """The secrets the launcher gave this rank: the ring's (``RING_SECRET_KEY``) and, in
+    a Spark task, its log server's, which only the task's ``TaskSpec`` holds."""
+    import gc
+
+    ring = os.environ["RING_SECRET_KEY"]
+    specs = [
+        o
+        for o in gc.get_objects()
+        if type(o).__name__ == "TaskSpec" and getattr(o, "ring_secret", None) == ring
+    ]
+    return [ring] + [spec.secret for spec in specs[:1]]
+
+
+def _spark_leak_worker():
+    res = _leak_by_env()
+    res["secrets"] += _launcher_secrets()[1:]  # the log server's
+    return res
+
+
+def _raising_worker(secrets_dir: str):
+    import ringcore.torch as hvd
+
+    hvd.init()
+    Path(secrets_dir, f"{os.getpid()}-{hvd.rank()}").write_text("\n".join(_launcher_secrets()))
+    print(f"rank {hvd.rank()} starts", flush=True)
+    hvd.barrier()
+    if hvd.rank() == 1:
+        raise ValueError(_SHARD_ERROR)
+    return "done"
+
+
+def _raising_loop(config):
+    import tempfile
+
+    import ray_runner
+    import ringcore.torch as hvd
+
+    hvd.init()
+    Path(config["secrets"], f"trainer-{hvd.rank()}").write_text(os.environ["RING_SECRET_KEY"])
+    print(f"rank {hvd.rank()} trains on its shard", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "state.json").write_text(json.dumps({"epoch": 0}))
+        checkpoint = ray_runner.Checkpoint.from_directory(tmp)
+        ray_runner.report({"epoch": 0, "loss": 1.0}, checkpoint=checkpoint)
+    hvd.barrier()  # rank 0's checkpoint is in the run folder before rank 1 fails
+    if hvd.rank() == 1:
+        raise ValueError(_SHARD_ERROR)
+
+
+def _exception_texts(exc: BaseException | None, seen: set | None = None) -> list[str]:
+    """An exception as anyone may see it: str, repr, its traceback, its fields (a
+    WorkerError's traceback, a TrainingFailedError's worker errors), and the same of its
+    cause and context — for a Spark job, the Py4J error holding Spark's failure text
+    (with the worker's error pickled in it, unpacked here too)."""
+    seen = set() if seen is None else seen
+    if exc is None or id(exc) in seen:
+        return []
+    seen.add(id(exc))
+    texts = [str(exc), repr(exc), "".join(traceback.format_exception(exc))]
+    for value in vars(exc).values():
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, BaseException):
+                texts += _exception_texts(item, seen)
+            else:
+                texts.append(str(item))
+    for blob in _ERROR_BLOB.findall("\n".join(texts)):
+        texts.append(zlib.decompress(base64.b64decode(blob)).decode("latin-1"))
+    return texts + _exception_texts(exc.__cause__, seen) + _exception_texts(exc.__context__, seen)
+
+
+def _file_texts(root: str | Path) -> list[tuple[str, str]]:
+    texts = []
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            try:
+                with open(path, "rb") as fh:
+                    texts.append((path, fh.read().decode("latin-1")))
+            except OSError:
+                continue
+    return texts
+
+
+def _log_texts(records: list[logging.LogRecord]) -> list[tuple[str, str]]:
+    return [
+        (f"log record {r.name}", f"{r.getMessage()} {r.args} {r.exc_text or ''}") for r in records
+    ]
+
+
+def _secrets_from(folder: Path) -> list[str]:
+    return sorted({s for f in folder.iterdir() for s in f.read_text().split()})
+
+
+def _assert_nowhere(secrets: list[str], texts: list[tuple[str, str]]) -> int:
+    """No secret in any text. Names where one was found, never the secret itself."""
+    assert secrets and all(len(s) >= 16 for s in secrets)
+    found = sorted({where for where, text in texts for s in secrets if s in text})
+    assert not found, f"a job secret appears in: {found}"
+    return len(texts) * len(secrets)
+
+
+@pytest.mark.spark
+@pytest.mark.reliability(
+    fault="the secrets of a Spark job in its output, logs, task failures or store",
+    category="security",
+)
+@pytest.mark.timeout(300)
+def test_the_secrets_of_a_spark_job_never_appear_in_output_logs_task_failures_or_the_store(
+    capfd, caplog, tmp_path, request
+):
+    import spark_runner
+
+    caplog.set_level(logging.DEBUG, logger="ringtrain")
+    secrets_dir = tmp_path / "secrets"
+    secrets_dir.mkdir()
+    out, err = io.StringIO(), io.StringIO()  # the task output, through the log server
+    spark = spark_runner.local_session("local[2]", app_name="test_security")
+    try:
+        res = spark_runner.run(_spark_leak_worker, num_proc=2, stdout=out, stderr=err, verbose=2)
+        with pytest.raises(WorkerError) as failed:
+            spark_runner.run(
+                _raising_worker,
+                args=(str(secrets_dir),),
+                num_proc=2,
+                stdout=out,
+                stderr=err,
+                verbose=2,
+            )
+        failure = _exception_texts(failed.value)  # Spark's text: while the JVM is up
+    finally:
+        spark.stop()
+    captured = capfd.readouterr()
+    # what was searched holds what it should: the texts are the real ones
+    assert "environment keys" in out.getvalue() and "RING_SECRET_KEY" in out.getvalue()
+    assert "joined through ringtrain" in err.getvalue()  # the ranks' log records
+    assert failed.value.rank == 1 and _SHARD_ERROR in str(failed.value)
+    spark_text = [t for t in failure if _ERROR_BLOB.search(t)]  # the blob was unpacked too
+    assert spark_text and any(_SHARD_ERROR in t for t in spark_text)
+    assert any(r.name == "ringtrain.spark_runner" for r in caplog.records)
+    assert [len(r["secrets"]) for r in res] == [3, 2]  # ring, fallback (rank 0), log server
+    failed_job = _secrets_from(secrets_dir)
+    assert len(failed_job) == 2  # that job's ring and log server secrets
+    secrets = sorted({s for r in res for s in r["secrets"]} | set(failed_job))
+    texts = [
+        ("task stdout", out.getvalue()),
+        ("task stderr", err.getvalue()),
+        ("driver stdout", captured.out),
+        ("driver stderr", captured.err),
+        *_log_texts(caplog.records),
+        *[("the failed job's exception", t) for t in failure],
+    ]
+    for r in res:
+        texts += [("a rank's text", t) for t in r["texts"]]
+        texts += [("the store", t) for t in r["store"]]
+    checked = _assert_nowhere(secrets, texts)
+    record(request, cases=2, note=f"{checked} texts searched for {len(secrets)} secrets")
+
+
+@pytest.mark.ray
+@pytest.mark.reliability(
+    fault="the secrets of a Ray job in actor output, failures, the run folder or the store",
+    category="security",
+)
+@pytest.mark.timeout(300)
+def test_the_secrets_of_a_ray_job_never_appear_in_actor_output_failures_or_the_run_folder(
+    capfd, caplog, tmp_path, request
+):
+    ray = pytest.importorskip("ray")
+    import ray_runner
+
+    caplog.set_level(logging.DEBUG, logger="ringtrain")
+    secrets_dir = tmp_path / "secrets"
+    secrets_dir.mkdir()
+    owns = not ray.is_initialized()
+    if owns:
+        ray.init(num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # actors cannot import it
+    try:
+        logs_dir = ray._private.worker._global_node.get_logs_dir_path()
+        with ray_runner.RayExecutor(num_workers=2) as executor:
+            res = executor.run(_leak_by_env)
+            with pytest.raises(WorkerError) as failed_run:
+                executor.run(_raising_worker, args=(str(secrets_dir),))
+        trainer = ray_runner.RingTrainer(
+            _raising_loop,
+            train_loop_config={"secrets": str(secrets_dir)},
+            scaling_config=ray_runner.ScalingConfig(num_workers=2),
+            run_config=ray_runner.RunConfig(
+                name="leak",
+                storage_path=str(tmp_path / "runs"),
+                failure_config=ray_runner.FailureConfig(max_failures=0),
+            ),
+        )
+        with pytest.raises(ray_runner.TrainingFailedError) as failed_fit:
+            trainer.fit()
+        # the actors' output reaches the driver and Ray's log files a little later
+        output, deadline = "", time.monotonic() + 120
+        while time.monotonic() < deadline:
+            output += capfd.readouterr().out
+            logs = _file_texts(logs_dir)
+            actor_logs = "".join(t for _, t in logs)
+            if all(
+                "environment keys" in text and "trains on its shard" in text
+                for text in (output, actor_logs)
+            ):
+                break
+            time.sleep(1.0)
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+        if owns:
+            ray.shutdown()
+    captured = capfd.readouterr()
+    output += captured.out
+    for text in (output, actor_logs):  # the actors' output, forwarded and in Ray's files
+        assert "environment keys" in text and "trains on its shard" in text
+    assert failed_run.value.rank == 1 and _SHARD_ERROR in str(failed_run.value)
+    assert failed_fit.value.worker_error.rank == 1 and _SHARD_ERROR in str(failed_fit.value)
+    run_folder = _file_texts(tmp_path / "runs")
+    assert any("state.json" in path for path, _ in run_folder)  # rank 0's checkpoint
+    secrets = sorted({s for r in res for s in r["secrets"]} | set(_secrets_from(secrets_dir)))
+    assert len(secrets) == 3  # the executor's (both runs), the fallback, the trainer's
+    texts = [
+        ("driver stdout", output),
+        ("driver stderr", captured.err),
+        *_log_texts(caplog.records),
+        *[("the failed run's exception", t) for t in _exception_texts(failed_run.value)],
+        *[("the failed fit's exception", t) for t in _exception_texts(failed_fit.value)],
+        *run_folder,
+        *logs,
+    ]
+    for r in res:
+        texts += [("a rank's text", t) for t in r["texts"]]
+        texts += [("the store", t) for t in r["store"]]
+    checked = _assert_nowhere(secrets, texts)
+    record(request, cases=2, note=f"{checked} texts searched for {len(secrets)} secrets")
 
 
 # -- the handshake and the per-message HMAC, in one process ---------------------------------

@@ -1,6 +1,7 @@
 """spark_runner.run_elastic on real Spark (local[3]): one of three workers is SIGKILLed
 mid-epoch; the job goes on with the other two and every sample of every epoch is
-trained exactly once."""
+trained exactly once (in committed steps): each step gathers the sample indices every
+rank trained, and each epoch's gathered indices are 0..N-1, each once."""
 
 from __future__ import annotations
 
@@ -56,11 +57,12 @@ def _train(kill_at_step):
                 opt.zero_grad()
                 model(data[chunk]).sum().backward()
                 opt.step()
-                count = int(hvd.allreduce(torch.tensor([len(chunk)]), op=hvd.Sum, name="n").item())
+                # the sample indices every rank trained in this step, in rank order
+                every = hvd.allgather_object([int(i) for i in chunk], name="chunks")
                 state.steps += 1
                 if state.steps == kill_at_step and victim and hvd.size() == 3:
                     os.kill(os.getpid(), signal.SIGKILL)
-                state.trained.append((state.epoch, count))
+                state.trained.append((state.epoch, hvd.size(), [i for c in every for i in c]))
                 state.sampler.record_indices(chunk)
                 time.sleep(0.02)
                 state.commit()
@@ -84,8 +86,12 @@ def test_run_elastic_loses_one_of_three_tasks_and_finishes_every_epoch(spark):
     assert [rank for _, _, rank, _ in results] == [0, 1]
     for trained, sizes, _, size in results:
         assert size == 2 and sizes == [3, 2]  # formed on 3, re-formed on 2
+        assert {e for e, _, _ in trained} == set(range(EPOCHS))
         for epoch in range(EPOCHS):
-            assert sum(c for e, c in trained if e == epoch) == N  # none repeated or skipped
+            indices = sorted(i for e, _, step in trained if e == epoch for i in step)
+            assert indices == list(range(N)), (epoch, indices)  # none repeated, none skipped
+        rings = [n for e, n, _ in trained if e == 0]
+        assert 3 in rings and 2 in rings, rings  # epoch 0 was trained partly on each ring
     assert results[0][0] == results[1][0]
     lines = out.getvalue().splitlines()
     assert "[0]<stdout>:ring of 3" in lines and "[1]<stdout>:ring of 2" in lines
