@@ -53,8 +53,16 @@ DEFAULT_GLOO_TIMEOUT_S = 60.0
 # declared lost: TCP keepalive probes while it is idle and TCP_USER_TIMEOUT while data
 # waits for an acknowledgement. This bounds how long a partitioned or powered-off host
 # (which sends no RST) goes unnoticed; a process that dies is noticed at once.
+# It also bounds how long a rank waits on a rank 0 that hangs (a stopped process keeps
+# its connections open): rank 0's coordinator sends a heartbeat whenever it has sent
+# nothing for HEARTBEAT_INTERVAL_S (or a quarter of this timeout, if that is shorter).
 CONTROL_TIMEOUT_ENV_VAR = "RING_CONTROL_TIMEOUT_SECONDS"
 DEFAULT_CONTROL_TIMEOUT_S = 30.0
+HEARTBEAT_INTERVAL_S = 1.0
+
+# A test seam, read in one place (ringcore._wire.ringtrain_version): set, this process
+# claims that ringtrain version in the control handshake (tests of mixed versions).
+TEST_FAKE_VERSION_ENV_VAR = "RING_TEST_FAKE_VERSION"
 
 # The per-job secret that authenticates the engine's control connections (HMAC-SHA256).
 # Our launchers set it; without it, rank 0 makes one and sends it to the ranks over the

@@ -9,8 +9,10 @@ that order. Ranks may therefore submit in different orders and from any thread.
 
 Also here: the response cache (a repeated name travels as a small integer id),
 tensor fusion (ready allreduces of one dtype/op/process set packed into one buffer up
-to the fusion threshold), join, the stall inspector, and the loss of a rank (its
-connection closes without a goodbye: every rank is told to abort its pending ops).
+to the fusion threshold), join, the stall inspector, the loss of a rank (its
+connection closes without a goodbye: every rank is told to abort its pending ops), and
+a heartbeat to every rank whenever it has had nothing else to send for a while (so that
+the ranks can tell a live but waiting rank 0 from a hung one).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ._protocol import (
     CachedRequest,
     Entry,
     Goodbye,
+    Heartbeat,
     JoinRequest,
     Message,
     Request,
@@ -40,7 +43,7 @@ from ._protocol import (
     decode_message,
     disagreement,
 )
-from ._wire import HANDSHAKE_TIMEOUT_S, Channel, accept_handshake
+from ._wire import HANDSHAKE_TIMEOUT_S, Channel, VersionMismatch, accept_handshake
 
 __all__ = ["Coordinator", "CoordinatorConfig"]
 
@@ -84,6 +87,7 @@ class CoordinatorConfig:
     autotune: bool = False
     autotune_log: str | None = None
     start_timeout_s: float = 120.0
+    heartbeat_s: float = 0.0  # a Heartbeat after this long with nothing sent; 0: none
 
 
 class Coordinator:
@@ -100,6 +104,7 @@ class Coordinator:
         self.server = socket.create_server((host, 0), backlog=max(config.size, 8))
         self.port = self.server.getsockname()[1]
         self.channels: dict[int, Channel] = {}
+        self.mismatched: dict[int, str] = {}  # ranks refused for their ringtrain version
         self.process_sets: dict[int, list[int]] = {0: list(range(config.size))}
         self.pending: dict[tuple[int, str], _Pending] = {}
         self.ready: list[tuple[int, str]] = []
@@ -109,6 +114,7 @@ class Coordinator:
         self.joined: list[int] = []
         self.gone: set[int] = set()
         self.aborted = False
+        self.last_sent = time.monotonic()  # the heartbeat's clock
         self.next_ps_id = 1
         self.autotuner = None
         if config.autotune:
@@ -129,20 +135,25 @@ class Coordinator:
         says nothing cannot hold up the ranks behind it; a peer that fails the
         handshake is closed and nothing it sent is read."""
         deadline = time.monotonic() + timeout_s
-        done: queue.Queue[tuple[int, Channel]] = queue.Queue()
+        done: queue.Queue[tuple[int, Channel | VersionMismatch]] = queue.Queue()
         self.server.settimeout(0.2)
         try:
-            while len(self.channels) < self.cfg.size:
+            while len(self.channels) + len(self.mismatched) < self.cfg.size:
+                self._heartbeat_if_due()  # the ranks already in wait for the others
                 while not done.empty():
                     self._admit(*done.get())
-                if len(self.channels) == self.cfg.size:
+                if len(self.channels) + len(self.mismatched) == self.cfg.size:
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    missing = [r for r in range(self.cfg.size) if r not in self.channels]
+                    missing = [
+                        r
+                        for r in range(self.cfg.size)
+                        if r not in self.channels and r not in self.mismatched
+                    ]
                     raise TimeoutError(
                         f"ranks {missing} of {self.cfg.size} did not connect to the coordinator "
-                        f"within {timeout_s:.0f} s"
+                        f"within {timeout_s:.0f} s" + self._mismatch_text("; and ")
                     )
                 try:
                     sock, peer = self.server.accept()
@@ -165,9 +176,19 @@ class Coordinator:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
 
+    def _mismatch_text(self, lead: str = "") -> str:
+        """Why the ranks refused for their version were refused ("" if none were)."""
+        if not self.mismatched:
+            return ""
+        return lead + "; ".join(self.mismatched[r] for r in sorted(self.mismatched))
+
     def _handshake(self, sock: socket.socket, peer: object, timeout_s: float, done) -> None:
+        admitted: tuple[int, Channel | VersionMismatch]
         try:
             admitted = accept_handshake(sock, self._secret, timeout_s)
+        except VersionMismatch as exc:  # one of the job's ranks, on another version
+            log.error("coordinator refused rank %d: %s", exc.rank, exc)
+            admitted = (exc.rank, exc)
         except AuthenticationError as exc:
             self.refused += 1
             log.warning("coordinator refused a connection: %s", exc)
@@ -176,8 +197,12 @@ class Coordinator:
             self._handshaking.discard(sock)  # before put(): an admitted rank is never hung up
         done.put(admitted)
 
-    def _admit(self, rank: int, ch: Channel) -> None:
-        if not 0 <= rank < self.cfg.size or rank in self.channels:
+    def _admit(self, rank: int, ch: Channel | VersionMismatch) -> None:
+        if isinstance(ch, VersionMismatch):
+            if 0 <= rank < self.cfg.size and rank not in self.channels:
+                self.mismatched[rank] = str(ch)
+            return
+        if not 0 <= rank < self.cfg.size or rank in self.channels or rank in self.mismatched:
             log.warning("coordinator refused a second or unknown rank %d from %r", rank, ch)
             self.refused += 1
             ch.close()
@@ -200,6 +225,11 @@ class Coordinator:
         except OSError as exc:
             log.error("coordinator: ranks did not all connect: %s", exc)
             self._abort(f"not every rank connected to the coordinator ({exc})")
+            for ch in self.channels.values():
+                ch.close()
+            return
+        if self.mismatched:  # every rank is accounted for: fail them all, saying why
+            self._abort(self._mismatch_text())
             for ch in self.channels.values():
                 ch.close()
             return
@@ -228,6 +258,7 @@ class Coordinator:
                     sel.unregister(key.fileobj)
                     self._lose(rank)
             self._flush_if_due()
+            self._heartbeat_if_due()
             now = time.monotonic()
             if self.cfg.stall_check_enabled and now - last_stall_check >= min(
                 self.cfg.stall_check_s, 1.0
@@ -244,18 +275,24 @@ class Coordinator:
             log.error("coordinator: dropping rank %d: %s", rank, ch.error)
         if rank not in self.gone:
             self.gone.add(rank)
-            why = (
-                "sent a message that failed its HMAC check"
-                if isinstance(ch.error, AuthenticationError)
-                else "lost its control connection (the process died or its host is unreachable)"
-            )
+            if isinstance(ch.error, AuthenticationError):
+                why = "sent a message that failed its HMAC check"
+            elif ch.error is not None and not isinstance(ch.error, OSError):
+                why = f"sent a control message the coordinator could not read ({ch.error})"
+            else:
+                why = "lost its control connection (the process died or its host is unreachable)"
             self._abort(f"rank {rank} {why}")
         ch.close()
 
     def _select_timeout(self) -> float:
         if self.ready and self.ready_since is not None:
             return max(0.0, self.cfg.cycle_time_s - (time.monotonic() - self.ready_since))
-        return 1.0
+        return min(1.0, self.cfg.heartbeat_s) if self.cfg.heartbeat_s > 0 else 1.0
+
+    def _heartbeat_if_due(self) -> None:
+        """Tell every rank that rank 0 is alive, when nothing else went out for a while."""
+        if self.cfg.heartbeat_s > 0 and time.monotonic() - self.last_sent >= self.cfg.heartbeat_s:
+            self._broadcast(Heartbeat())
 
     # -- messages ---------------------------------------------------------------
     def _handle(self, rank: int, wire: dict) -> None:
@@ -269,7 +306,11 @@ class Coordinator:
             self._recheck_all()
         elif isinstance(msg, Goodbye):
             self.gone.add(rank)
-            self._fail_waiting_on(rank, f"rank {rank} called shutdown() before submitting it")
+            self._fail_waiting_on(
+                rank,
+                f"rank {rank} left the job before submitting it (shutdown(): its function "
+                "returned or raised, or it called shutdown() itself)",
+            )
             self.channels[rank].send(Goodbye().to_wire())
 
     def _add_request(self, rank: int, sent: Request | CachedRequest) -> None:
@@ -456,6 +497,7 @@ class Coordinator:
         self._broadcast(ResponseBatch(tuple(items)))
 
     def _broadcast(self, message: Message) -> None:
+        self.last_sent = time.monotonic()
         wire = message.to_wire()
         for rank, ch in self.channels.items():
             if rank in self.gone and not isinstance(message, Abort):

@@ -40,7 +40,7 @@ from ._protocol import (
 )
 from ._reduction import average_, neutral_fill, scale_
 from ._timeline import Timeline
-from ._wire import HANDSHAKE_TIMEOUT_S, connect_handshake
+from ._wire import HANDSHAKE_TIMEOUT_S, MessageTooLarge, connect_handshake
 
 __all__ = ["Engine", "Handle", "dtype_name", "wait_handle"]
 
@@ -68,7 +68,11 @@ class Engine:
         cycle_time_s: float = 0.001,
         *,
         secret: str,
+        control_timeout_s: float = 0.0,
     ):
+        """``control_timeout_s``: the longest rank 0 may stay silent (its coordinator
+        sends a heartbeat when it has nothing else to send) before this rank counts it
+        as hung (``RING_CONTROL_TIMEOUT_SECONDS``); 0: wait for ever."""
         self.backend = backend
         self.rank, self.size = rank, size
         self.timeline = timeline
@@ -97,6 +101,7 @@ class Engine:
         self._send_lock = threading.Lock()
         self._outbox_ready = threading.Condition(self._lock)
         self.cycle_time_s = cycle_time_s
+        self.silence_s = control_timeout_s
         self.join_handle: Handle | None = None
         self._t_resp = time.perf_counter()
         self._kind = ""
@@ -152,9 +157,32 @@ class Engine:
                 batch, self.outbox = self.outbox, []
             if batch:
                 try:
-                    self.channel.send(RequestBatch(tuple(batch)).to_wire())
+                    self._send_requests(batch)
                 except OSError as exc:
                     self._break(f"the coordinator is unreachable ({exc}); rank 0 may have died")
+
+    def _send_requests(self, batch: list[Request | CachedRequest]) -> None:
+        """``batch`` in one frame, or in several when one would be over the frame limit.
+        A request over it on its own (a name of many MiB) fails its op here and is never
+        sent: every rank that submits that name fails alike, and the job goes on."""
+        try:
+            self.channel.send(RequestBatch(tuple(batch)).to_wire())
+        except MessageTooLarge as exc:
+            if len(batch) > 1:
+                half = len(batch) // 2
+                self._send_requests(batch[:half])
+                self._send_requests(batch[half:])
+                return
+            req = batch[0]
+            handle = self._take(req.process_set, req.name)
+            if handle is not None:
+                shown = req.name if len(req.name) <= 60 else req.name[:60] + "..."
+                handle.resolve(
+                    error=ValueError(
+                        f"{handle.kind} of {shown!r} (a name of {len(req.name)} characters) "
+                        f"cannot be sent to the coordinator: {exc}. Give the op a shorter name"
+                    )
+                )
 
     def wait(self, handle: Any) -> None:
         """Block until ``handle`` is done, sending queued requests first."""
@@ -197,7 +225,7 @@ class Engine:
         torch.set_grad_enabled(False)  # this thread only moves data; autograd stays outside
         try:
             while True:
-                msg = self.channel.recv()
+                msg = self.channel.recv(self.silence_s or None)
                 if msg is None:
                     self._break(
                         "the coordinator (rank 0) closed its connection: rank 0 died or shut down"
@@ -215,6 +243,9 @@ class Engine:
                     return
                 elif tag == Goodbye.TAG:
                     return
+                # Heartbeat: rank 0 is alive; nothing to do
+        except TimeoutError:
+            self._break(self._silent_coordinator())
         except OSError as exc:  # reset, or silent past RING_CONTROL_TIMEOUT_SECONDS
             self._break(
                 f"lost the control connection to the coordinator (rank 0 at {self._peer}): "
@@ -226,6 +257,45 @@ class Engine:
             self._break(f"the engine thread failed: {type(exc).__name__}: {exc}")
         finally:
             self.closed.set()
+
+    def _silent_coordinator(self) -> str:
+        return (
+            f"the coordinator (rank 0 at {self._peer}) has sent nothing for "
+            f"{self.silence_s:g} s, not even its heartbeat: rank 0 hangs (a stopped or "
+            "stuck process keeps its connections open) or its host is unreachable "
+            "(RING_CONTROL_TIMEOUT_SECONDS)"
+        )
+
+    def _coordinator_verdict(self) -> str | None:
+        """After a backend collective failed (the backend names an address, not a
+        rank): what the coordinator knows. A rank that died closed its control
+        connection too, so the coordinator's abort naming it is here or on its way; if
+        rank 0 itself died, its connection is closed; a live coordinator with nothing
+        to say sends a heartbeat within a second, and one silent for
+        ``RING_CONTROL_TIMEOUT_SECONDS`` hangs. None: rank 0 is alive and lost no rank
+        (a peer hangs, or the failure was this rank's own).
+        Responses read here are dropped: this rank's ring is broken anyway."""
+        closed = "the coordinator (rank 0) closed its connection: rank 0 died or shut down"
+        wait_s = self.silence_s if self.silence_s > 0 else 1.0
+        fresh = False  # what was already buffered may predate the failure
+        while True:
+            try:
+                msg = self.channel.recv(wait_s if fresh else 0.0)
+            except TimeoutError:
+                if not fresh:
+                    fresh = True
+                    continue
+                return self._silent_coordinator() if self.silence_s > 0 else None
+            except OSError:
+                return closed
+            except Exception:  # a frame it could not read: no verdict
+                return None
+            if msg is None:
+                return closed
+            if msg.get("t") == Abort.TAG:
+                return str(msg.get("msg"))
+            if fresh:
+                return None
 
     def _break(self, why: str) -> None:
         with self._lock:
@@ -287,14 +357,17 @@ class Engine:
             with device_scope(handles):  # CUDA: on the side stream, after the producers
                 run(item, handles)
         except Exception as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            verdict = self._coordinator_verdict()
+            if verdict is not None:  # a rank named, instead of the backend's peer address
+                why = f"{verdict} (the backend said: {why})"
             err = RingInternalError(
-                f"{kind} of {[e.name for e in item.entries]} failed on rank {self.rank}: "
-                f"{type(exc).__name__}: {exc}"
+                f"{kind} of {[e.name for e in item.entries]} failed on rank {self.rank}: {why}"
             )
             for h in handles:
                 if h is not None and not h.done.is_set():
                     h.resolve(error=err)
-            self._break(f"a backend collective failed ({type(exc).__name__}: {exc})")
+            self._break(f"a backend collective failed ({why})")
 
     def _finish(self, h: Handle, value: Any) -> None:
         try:

@@ -4,7 +4,8 @@ A rank sends a :class:`Request` per op it submits (or, once the coordinator has
 cached it, a :class:`CachedRequest`: the cache id and what changes per call); the
 coordinator answers every rank with the same ordered list of :class:`ResponseItem`.
 Around them travel the control messages :class:`RequestBatch`, :class:`JoinRequest`,
-:class:`Goodbye` (both ways), :class:`ResponseBatch` and :class:`Abort`.
+:class:`Goodbye` (both ways), :class:`ResponseBatch`, :class:`Abort` and
+:class:`Heartbeat`.
 
 The values are typed; the one-letter keys of the JSON frames (``_wire``) exist only
 at the edge, in ``to_wire()`` / ``from_wire()``. :data:`AGREE_FIELDS` is the one
@@ -25,6 +26,7 @@ __all__ = [
     "CachedRequest",
     "Entry",
     "Goodbye",
+    "Heartbeat",
     "JoinRequest",
     "Request",
     "RequestBatch",
@@ -362,7 +364,19 @@ class Abort:
         return {"t": self.TAG, "msg": self.reason}
 
 
-Message = RequestBatch | JoinRequest | Goodbye | ResponseBatch | Abort
+@dataclass(frozen=True)
+class Heartbeat:
+    """coordinator -> every rank, after a while with nothing else to send: rank 0 is
+    alive. A rank that hears nothing at all for ``RING_CONTROL_TIMEOUT_SECONDS`` knows
+    that rank 0 hangs (a stopped process keeps its connections open)."""
+
+    TAG = "hb"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"t": self.TAG}
+
+
+Message = RequestBatch | JoinRequest | Goodbye | ResponseBatch | Abort | Heartbeat
 
 
 def decode_message(wire: dict[str, Any]) -> Message | None:
@@ -378,6 +392,8 @@ def decode_message(wire: dict[str, Any]) -> Message | None:
         return Goodbye()
     if tag == Abort.TAG:
         return Abort(wire["msg"])
+    if tag == Heartbeat.TAG:
+        return Heartbeat()
     return None
 
 

@@ -11,7 +11,8 @@ an HMAC over both nonces. Only then is anything else read, and from then on ever
 frame carries ``HMAC(session key, direction, sequence number, payload)``: a message
 that fails it closes the connection, so a stranger can neither join nor inject nor
 replay. Before the handshake completes a peer may send at most ``HANDSHAKE_MAX``
-bytes of JSON per frame.
+bytes of JSON per frame, after it ``MAX_MESSAGE``: a longer frame is never sent
+(:class:`MessageTooLarge`), and one that arrives all the same ends the connection.
 """
 
 from __future__ import annotations
@@ -20,13 +21,17 @@ import contextlib
 import hashlib
 import hmac
 import json
+import os
+import select
 import socket
 import struct
 import threading
+import time
 from typing import Any
 
 from . import _config as cfg
 from ._auth import AuthenticationError, mac, new_nonce, session_key, verify
+from ._errors import RendezvousError
 
 _HEADER = struct.Struct("!I")
 _SEQ = struct.Struct("!Q")
@@ -34,7 +39,47 @@ _TAG = 32  # bytes of an HMAC-SHA256
 MAX_MESSAGE = 64 << 20
 HANDSHAKE_MAX = 4096
 HANDSHAKE_TIMEOUT_S = 10.0
-PROTOCOL = 1
+PROTOCOL = 2  # 2: the challenge and the hello carry the ringtrain version
+
+
+def ringtrain_version() -> str:
+    """The ringtrain version this process announces in the handshake. The one reader of
+    ``RING_TEST_FAKE_VERSION``, a test seam: set, the process claims that version."""
+    from . import __version__
+
+    return os.environ.get(cfg.TEST_FAKE_VERSION_ENV_VAR) or __version__
+
+
+class VersionMismatch(RendezvousError):
+    """A rank runs another ringtrain (or control protocol) than rank 0's coordinator."""
+
+    def __init__(self, message: str, rank: int = -1):
+        super().__init__(message)
+        self.rank = rank
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.rank))
+
+
+def _version_mismatch(rank: int, theirs: tuple[Any, Any], ours: tuple[Any, Any]) -> str | None:
+    """The error when rank ``rank``'s (version, protocol) differs from rank 0's; else None."""
+    if tuple(theirs) == ours:
+        return None
+
+    def runs(version: Any, protocol: Any) -> str:
+        if version is None:
+            return "an older ringtrain (its handshake names no version)"
+        return f"ringtrain {version} (control protocol {protocol})"
+
+    return (
+        f"rank {rank} runs {runs(*theirs)}, rank 0 runs {runs(*ours)}: install one version "
+        "of ringtrain everywhere (every host, every Python environment of the job)"
+    )
+
+
+class MessageTooLarge(ValueError):
+    """A control message over a channel's frame limit (:data:`MAX_MESSAGE` once the
+    handshake is done): never sent, and refused where it is read."""
 
 
 def bound_silence(sock: socket.socket, timeout_s: float | None = None) -> None:
@@ -77,6 +122,7 @@ class Channel:
         self._key: bytes | None = None
         self._out_dir, self._in_dir = b"", b""
         self._out_seq = self._in_seq = 0
+        self._poller: Any = None  # made by the first recv with a timeout
         self.error: BaseException | None = None  # why the last drain stopped, if it did
 
     def __repr__(self) -> str:  # never shows a key
@@ -93,6 +139,13 @@ class Channel:
                 seq = _SEQ.pack(self._out_seq)
                 self._out_seq += 1
                 data = hmac.digest(self._key, self._out_dir + seq + data, hashlib.sha256) + data
+            if len(data) > self.max_message:  # the peer would refuse it: send nothing
+                if self._key is not None:
+                    self._out_seq -= 1
+                raise MessageTooLarge(
+                    f"a control message of {len(data)} bytes is over the limit of "
+                    f"{self.max_message} bytes"
+                )
             self.sock.sendall(_HEADER.pack(len(data)) + data)
 
     def _decode(self, frame: bytes) -> Any:
@@ -109,28 +162,42 @@ class Channel:
             frame = data
         return json.loads(frame)
 
-    def _fill(self, n: int) -> bool:
+    def _fill(self, n: int, deadline: float | None = None) -> bool:
         while len(self._buf) < n:
+            if deadline is not None and not self._readable_by(deadline):
+                raise TimeoutError(f"{_peer(self.sock)} sent nothing in time")
             chunk = self.sock.recv(max(65536, n - len(self._buf)))
             if not chunk:
                 return False
             self._buf += chunk
         return True
 
+    def _readable_by(self, deadline: float) -> bool:
+        if self._poller is None:  # poll, not select: fine with descriptors past 1024
+            self._poller = select.poll()
+            self._poller.register(self.sock, select.POLLIN)
+        left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+        return bool(self._poller.poll(left_ms))
+
     def _frame_size(self) -> int:
         (n,) = _HEADER.unpack_from(self._buf)
         if n > self.max_message:
-            raise ConnectionError(
-                f"control message of {n} bytes from {_peer(self.sock)} exceeds {self.max_message}"
+            raise MessageTooLarge(
+                f"a control message of {n} bytes from {_peer(self.sock)} is over the limit "
+                f"of {self.max_message} bytes"
             )
         return n
 
-    def recv(self) -> Any | None:
-        """The next message, or None when the peer closed the connection."""
-        if not self._fill(_HEADER.size):
+    def recv(self, timeout_s: float | None = None) -> Any | None:
+        """The next message, or None when the peer closed the connection.
+
+        ``timeout_s``: :class:`TimeoutError` when no whole message arrived within it
+        (what did arrive is kept for the next call); None waits for ever."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        if not self._fill(_HEADER.size, deadline):
             return None
         n = self._frame_size()
-        if not self._fill(_HEADER.size + n):
+        if not self._fill(_HEADER.size + n, deadline):
             return None
         data = bytes(self._buf[_HEADER.size : _HEADER.size + n])
         del self._buf[: _HEADER.size + n]
@@ -194,17 +261,24 @@ def _welcome_mac(secret: str, server_nonce: str, client_nonce: str, rank: int) -
     return mac(secret, "ringcore/welcome", server_nonce, client_nonce, str(rank)).hex()
 
 
+def _denied_mac(secret: str, server_nonce: str, client_nonce: str, rank: int, why: str) -> str:
+    return mac(secret, "ringcore/denied", server_nonce, client_nonce, str(rank), why).hex()
+
+
 def accept_handshake(
     sock: socket.socket, secret: str, timeout_s: float = HANDSHAKE_TIMEOUT_S
 ) -> tuple[int, Channel]:
     """The coordinator's side: challenge the peer; its rank and a signed channel, or
-    :class:`AuthenticationError` (the socket is then closed, nothing it sent was used)."""
+    :class:`AuthenticationError` (the socket is then closed, nothing it sent was used),
+    or :class:`VersionMismatch` for a peer that knows the secret but runs another
+    ringtrain version (it is told why, then closed)."""
     peer = _peer(sock)
     sock.settimeout(timeout_s)
     ch = Channel(sock, max_message=HANDSHAKE_MAX)
     server_nonce = new_nonce()
     try:
-        ch.send({"t": "challenge", "v": PROTOCOL, "nonce": server_nonce})
+        ours = (ringtrain_version(), PROTOCOL)
+        ch.send({"t": "challenge", "v": PROTOCOL, "ver": ours[0], "nonce": server_nonce})
         hello = ch.recv()
         rank = hello.get("rank") if isinstance(hello, dict) else None
         nonce = hello.get("nonce") if isinstance(hello, dict) else None
@@ -222,7 +296,15 @@ def accept_handshake(
             raise AuthenticationError(
                 f"a control connection from {peer} did not prove it knows the job's secret"
             )
-        assert isinstance(rank, int) and isinstance(nonce, str)
+        assert isinstance(rank, int) and isinstance(nonce, str) and isinstance(hello, dict)
+        # a peer that knows the secret is one of the job's ranks: tell it why it is refused
+        mismatch = _version_mismatch(rank, (hello.get("ver"), hello.get("v")), ours)
+        if mismatch:
+            denied_mac = _denied_mac(secret, server_nonce, nonce, rank, mismatch)
+            with contextlib.suppress(OSError):
+                ch.send({"t": "denied", "why": mismatch, "mac": denied_mac})
+            ch.close()
+            raise VersionMismatch(mismatch, rank)
         ch.send({"t": "welcome", "mac": _welcome_mac(secret, server_nonce, nonce, rank)})
     except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nested JSON
         ch.close()
@@ -241,7 +323,8 @@ def connect_handshake(
     sock: socket.socket, secret: str, rank: int, timeout_s: float = HANDSHAKE_TIMEOUT_S
 ) -> Channel:
     """A rank's side: answer the coordinator's challenge, check that it knows the secret
-    too, and return the signed channel; :class:`AuthenticationError` otherwise."""
+    too, and return the signed channel; :class:`AuthenticationError` otherwise, and
+    :class:`VersionMismatch` when this rank and rank 0 run different ringtrain versions."""
     peer = _peer(sock)
     sock.settimeout(timeout_s)
     ch = Channel(sock, max_message=HANDSHAKE_MAX)
@@ -259,6 +342,8 @@ def connect_handshake(
                 "rank": rank,
                 "nonce": nonce,
                 "mac": _hello_mac(secret, server_nonce, nonce, rank),
+                "v": PROTOCOL,
+                "ver": ringtrain_version(),
             }
         )
         reply = ch.recv()
@@ -269,6 +354,13 @@ def connect_handshake(
         raise AuthenticationError(
             f"the handshake with the coordinator at {peer} failed ({type(exc).__name__})"
         ) from None
+    denial = reply if isinstance(reply, dict) and reply.get("t") == "denied" else {}
+    why = denial.get("why")
+    if isinstance(why, str) and verify(
+        _denied_mac(secret, server_nonce, nonce, rank, why), denial.get("mac")
+    ):
+        ch.close()  # the coordinator (it knows the secret) refused this rank's version
+        raise VersionMismatch(f"{why} (refused by the coordinator at {peer})", rank)
     if not isinstance(reply, dict) or reply.get("t") != "welcome":
         ch.close()
         raise AuthenticationError(
@@ -281,6 +373,12 @@ def connect_handshake(
         raise AuthenticationError(
             f"{peer} answered like a coordinator but does not know the job's secret"
         )
+    # an older coordinator welcomes any version: refuse it from this side
+    ours = (ringtrain_version(), PROTOCOL)
+    mismatch = _version_mismatch(rank, ours, (challenge.get("ver"), challenge.get("v")))
+    if mismatch:
+        ch.close()
+        raise VersionMismatch(mismatch, rank)
     ch.sign_with(session_key(secret, server_nonce, nonce, rank), send_dir=b"C", recv_dir=b"S")
     ch.max_message = MAX_MESSAGE
     sock.settimeout(None)
