@@ -2,7 +2,8 @@
 
 Before any Spark job (from the params alone, :func:`check_config`): every object
 shipped to the workers pickles, the store takes writes, and a ``run_id`` that already
-has a checkpoint was trained on a model with these parameters.
+has a checkpoint was trained on a model with these parameters. On Spark Connect
+(:func:`check_connect_store`) also that the server sees the store this client writes to.
 
 One Spark job, before the data is written (:func:`check_data`): one aggregation over
 the selected columns counts the rows, the nulls, the NaNs and the array lengths, and
@@ -29,7 +30,7 @@ from pyspark.sql.types import ArrayType, FractionalType
 from ._columns import selected_columns, validation_marker
 from ._frameworks import get_framework
 
-__all__ = ["check_config", "check_data"]
+__all__ = ["check_config", "check_connect_store", "check_data"]
 
 
 # --- from the params alone ---------------------------------------------------------------------
@@ -127,6 +128,32 @@ def check_config(cfg: Any) -> None:
             _check_pickles(name, value, setter)
     _check_store_writable(cfg.store)
     _check_run_id(cfg.store, cfg.run_id, cfg.model)
+
+
+def check_connect_store(spark: Any, store: Any) -> None:
+    """On a Spark Connect session the server's cluster writes the data into the store and
+    this client reads it back (row counts, checkpoints, history), so both must reach the
+    same store: a store on this client's disk (the default one, a temporary directory,
+    say) is lost on a remote server. This client writes a probe file there and the server
+    lists it (``inputFiles``: an analysis, no job); a server that cannot is refused."""
+    name = f"ringtrain-connect-probe-{uuid.uuid4().hex[:8]}"  # no dot: Spark skips hidden files
+    probe = posixpath.join(store.prefix_path, name)
+    store.write_bytes(probe, b"")
+    try:
+        spark.read.text(store.url(probe)).inputFiles()
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(
+            f"the Spark Connect server cannot see the store {store.prefix_path}: this client "
+            f"wrote {probe} there, and the server, reading {store.url(probe)}, got: {first}. "
+            "On Spark Connect the server's cluster writes the training data into the store and "
+            "this client reads it back, so both must reach it. Pass a store they share with "
+            "setStore(...): a filesystem mounted at the same path on this client and the "
+            "cluster, or an object store URL (s3://, gs://, abfs://, hdfs://, dbfs:/)."
+        ) from exc
+    finally:
+        with contextlib.suppress(OSError):
+            store.rm(probe)
 
 
 # --- one aggregation over the data ----------------------------------------------------------

@@ -24,12 +24,25 @@ store is re-created from its prefix alone.
 
 Because the writer and reader follow ``DefaultParamsWriter``'s metadata, a fitted
 ``PipelineModel`` holding a ``RingModel`` saves and loads like any other.
+
+On Spark Connect (pyspark 4.x) the same layout is written: the Connect server writes
+``metadata/`` (through the session given to Spark ML's metadata writer, as pyspark's own
+Connect writers do), this client writes ``model/``, and ``overwrite()`` asks the server
+to remove the old folder (Spark ML's Connect helper, as ``PipelineModel`` does there).
+So the path must be one the server and this client both reach (the same machine, a
+shared filesystem, or an object store URL): a save whose ``metadata/`` this client
+cannot see afterwards, or a load that finds the metadata but no ``model/``, raises
+saying so. pyspark 3.5's metadata writer and reader need a SparkContext, so there a
+Connect session is refused before anything is written.
 """
 
 from __future__ import annotations
 
+import posixpath
 from typing import TYPE_CHECKING, Any
 
+import fsspec
+import pyspark
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
 from spark_runner import is_connect
@@ -62,11 +75,27 @@ class RingModelWriter(MLWriter):
         super().__init__()
         self.instance = instance
 
+    def _handleOverwrite(self, path: str) -> None:
+        """``overwrite()``: remove ``path`` first, through the JVM (classic) or, on Spark
+        Connect, through the server (Spark ML's Connect helper, as pyspark's own
+        ``RemoteMLWriter`` does)."""
+        spark = self.sparkSession
+        if not is_connect(spark):
+            super()._handleOverwrite(path)
+            return
+        _check_connect_persistence("save")
+        from pyspark.ml.connect.readwrite import RemoteMLWriter  # pyspark >= 4.0
+
+        RemoteMLWriter.handleOverwrite(path, True)
+
     def saveImpl(self, path: str) -> None:
         model = self.instance
         module = model.getModel()
         if module is None:
             raise ValueError("this RingModel holds no model to save; set it with setModel.")
+        connect = is_connect(self.sparkSession)
+        if connect:
+            _check_connect_persistence("save")
         kind = framework_of(module)
         params: dict[str, Any] = {
             name: model.getOrDefault(name) for name in _JSON_PARAMS if model.isSet(name)
@@ -84,6 +113,13 @@ class RingModelWriter(MLWriter):
         DefaultParamsWriter.saveMetadata(
             model, path, _metadata_context(self.sparkSession), extraMetadata=extra, paramMap=params
         )
+        if connect and not _client_sees(posixpath.join(path, "metadata")):
+            raise FileNotFoundError(
+                f"the Spark Connect server wrote the RingModel's metadata under {path!r}, but "
+                "this client does not see it there, so the model's weights written here would "
+                "end up apart from it. Save to a path the server and this client both reach: a "
+                f"shared filesystem or an object store URL (s3://, gs://, ...).{_hint(path)}"
+            )
         get_framework(kind).save_model(module, path)  # under <path>/model/
 
 
@@ -94,6 +130,34 @@ def _metadata_context(spark: Any) -> Any:
     if is_connect(spark):
         return spark
     return spark.sparkContext
+
+
+def _check_connect_persistence(what: str) -> None:
+    """Refuse a Connect session where pyspark's Spark ML metadata writer and reader need a
+    SparkContext (pyspark < 4.0), before anything is written or read."""
+    major = int(pyspark.__version__.split(".")[0])
+    if major < 4:
+        raise RuntimeError(
+            f"RingModel {what} on a Spark Connect session needs pyspark 4.0 or newer: "
+            f"pyspark {pyspark.__version__}'s Spark ML metadata writer and reader need a "
+            "SparkContext, which a Connect client does not have. Upgrade pyspark (client "
+            f"and server), or {what} the model from a classic SparkSession."
+        )
+
+
+def _hint(path: str) -> str:
+    """For a relative path: the server resolves it against its own working directory."""
+    if "://" in path or posixpath.isabs(path) or path.startswith("dbfs:"):
+        return ""
+    return (
+        f" {path!r} is relative: the server and this client each resolve it against their own "
+        "working directory; pass an absolute path."
+    )
+
+
+def _client_sees(path: str) -> bool:
+    fs, local = fsspec.core.url_to_fs(path)
+    return bool(fs.exists(local))
 
 
 class RingModelReader(MLReader["RingModel"]):
@@ -110,6 +174,9 @@ class RingModelReader(MLReader["RingModel"]):
         ``.keras`` file), which runs any code the file holds: load only models you
         trust, from a path only you can write (as ``torch.load(weights_only=False)``).
         ``PipelineModel.load`` of a pipeline holding a RingModel calls this."""
+        connect = is_connect(self.sparkSession)
+        if connect:
+            _check_connect_persistence("load")
         metadata = DefaultParamsReader.loadMetadata(path, _metadata_context(self.sparkSession))
         version = metadata.get("ringtrain", {}).get("format")
         if version != FORMAT_VERSION:
@@ -122,6 +189,13 @@ class RingModelReader(MLReader["RingModel"]):
         kind = metadata["ringtrain"].get("framework", TORCH)  # format 1 before Keras: torch
         if kind not in FRAMEWORKS:
             raise ValueError(f"{path} holds a model of unknown framework {kind!r}.")
+        if connect and not _client_sees(posixpath.join(path, "model")):
+            raise FileNotFoundError(
+                f"the Spark Connect server read a RingModel's metadata under {path!r}, but this "
+                f"client finds no {posixpath.join(path, 'model')} beside it (the weights are "
+                "written and read by the client). Load from the path the model was saved to, as "
+                f"this client reaches it: a shared filesystem or an object store URL.{_hint(path)}"
+            )
         module = get_framework(kind).load_model(path)
         instance = self.cls(model=module, **params)
         if store is not None:
