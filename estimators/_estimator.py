@@ -4,7 +4,9 @@
 
 1. **Resolve** (``_config.resolve_config``, then ``_launch.check_slots``): every param
    checked against ``df.schema`` and the defaults filled in, the cluster's task slots
-   counted; no Spark job runs and nothing is written yet.
+   counted; no Spark job runs and nothing is written yet. On a Spark Connect session
+   (``SparkSession.builder.remote(...)``) the slots come from the server's conf and
+   ``_checks.check_connect_store`` makes sure the server sees the store.
 2. **Prepare** (``_prepare.prepare_data``): one job checks the data and a first batch
    goes through the model; then the data is written as balanced Parquet in the Store.
 3. **Launch** (``_launch.launch``): the framework's worker function
@@ -26,10 +28,14 @@ from pyspark import keyword_only
 from pyspark.ml import Estimator
 from pyspark.sql import DataFrame, SparkSession
 
+from spark_runner import is_connect
+
 from ._accessors import EstimatorAccessors
+from ._checks import check_connect_store
 from ._config import FitConfig, resolve_config
 from ._frameworks import get_framework
 from ._launch import check_slots, launch, spark_launcher
+from ._lightning import with_lightning_params
 from ._mlflow import log_to_mlflow
 from ._model import RingModel
 from ._params import (
@@ -49,11 +55,20 @@ __all__ = ["RingEstimator"]
 
 def _activate(spark: SparkSession) -> None:
     """Make ``spark`` this thread's active session when the thread has none:
-    ``CrossValidator`` fits in pool threads, where ``spark_runner.run`` would find none."""
-    if SparkSession.getActiveSession() is None:
-        jvm = spark.sparkContext._jvm
-        assert jvm is not None
-        jvm.SparkSession.setActiveSession(spark._jsparkSession)
+    ``CrossValidator`` fits in pool threads, where ``spark_runner.run`` would find none.
+    A Spark Connect session (no JVM on this side) is made active through its class's
+    own hook where this pyspark has it (4.x, 3.5); without it ``spark_runner.run``
+    falls back to the process's default Connect session."""
+    if SparkSession.getActiveSession() is not None:
+        return
+    if is_connect(spark):
+        set_active = getattr(type(spark), "_set_default_and_active_session", None)
+        if set_active is not None:
+            set_active(spark)
+        return
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    jvm.SparkSession.setActiveSession(spark._jsparkSession)
 
 
 def _horovod_paths(store: Store, dataset_idx: int | None) -> tuple[str, str | None]:
@@ -147,6 +162,11 @@ class RingEstimator(EstimatorAccessors, Estimator):
         inmemory_cache_all: bool = False,
         backward_passes_per_step: int = 1,
         callbacks: Any = [],  # noqa: B006 (a list: the table default)
+        trainer_args: dict[str, Any] = {},  # noqa: B006 (a dict: the table default)
+        logger: Any = None,
+        log_every_n_steps: int = 50,
+        terminate_on_nan: bool = False,
+        profiler: Any = None,
         use_gpu: bool | None = None,
         **horovod_params: Any,
     ) -> None:
@@ -211,17 +231,21 @@ class RingEstimator(EstimatorAccessors, Estimator):
                     "was written under), or train_path=..."
                 )
             train, val = _horovod_paths(store, dataset_idx)
-        cfg = resolve_config(est, None, SparkSession.getActiveSession())
+        cfg = with_lightning_params(est, resolve_config(est, None, SparkSession.getActiveSession()))
         check_parquet_columns(cfg, [train] + ([val] if val is not None else []))
         data = describe_parquet(cfg, train, val)
         return est._build(cfg, data, est._launch(cfg, data))
 
     def _resolve(self, dataset: DataFrame) -> FitConfig:
         """Step 1: every param checked against ``dataset``'s schema, then the task slots
-        (before the data is written; only for the Spark launcher)."""
-        cfg = resolve_config(self, dataset)
+        (before the data is written; only for the Spark launcher) and, on Spark Connect,
+        that the server sees the store."""
+        cfg = with_lightning_params(self, resolve_config(self, dataset))
+        spark = dataset.sparkSession
         if self.launcher is spark_launcher:
-            check_slots(dataset.sparkSession, cfg.num_proc)
+            check_slots(spark, cfg.num_proc)
+        if is_connect(spark):
+            check_connect_store(spark, cfg.store)
         return cfg
 
     def _launch(self, cfg: FitConfig, data: PreparedData) -> list[dict[str, Any]]:

@@ -1,29 +1,29 @@
-"""Training a LightningModule inside ringtrain's own loop (no ``lightning.Trainer``).
+"""LightningModule helpers: the Lightning-only params, and the pieces of the torch loop's
+Trainer-less path.
 
-Why not the Trainer: the ring is already formed by ``ringcore.init()`` and gradients
-go through our ``DistributedOptimizer`` (overlapping backward, fusion), the data
-comes from our sharded reader with the same step count on every rank, and the
-checkpoints follow the Store layout that ``run_id`` resumes from. Lightning's Trainer
-would bring its own process group, sampler and checkpointing. So each worker calls the
-module's own methods:
+**The Lightning-only params** (:data:`LIGHTNING_PARAMS`: ``trainer_args``, ``logger``,
+``log_every_n_steps``, ``terminate_on_nan``, ``profiler``, each with the value that
+means unset) configure the ``lightning.Trainer`` every worker fits a LightningModule
+under (``_train_lightning.py``). :func:`with_lightning_params` runs right after the
+params are resolved, before any Spark job: for a LightningModule it checks them and
+carries them on the fit's config (``_framework_lightning.lightning_config``); for any
+other model one of them set raises, naming it, its value and the fix. It imports
+neither Lightning nor the Lightning framework module for a torch or Keras model.
+
+**The Trainer-less path.** Before the estimators fitted a LightningModule under a real
+Trainer, the torch loop (``_train_torch.train`` with ``TrainSpec(lightning=True)``)
+called the module's own methods; that path is still there and uses these helpers:
 
 - ``configure_optimizers()`` → one optimizer (alone, in a list, ``([opt], [sched])``
   or ``{"optimizer": opt, "lr_scheduler": sched | {"scheduler": sched, "interval":
-  "epoch" | "step"}}``), wrapped in ``DistributedOptimizer``; a scheduler steps per
-  epoch (or per step with ``interval="step"``). Several optimizers (manual
-  optimization) are refused with a clear error;
-- ``training_step(batch, batch_idx)`` → the loss (a tensor or ``{"loss": tensor}``);
-  ``batch`` is a dict ``{column: tensor}`` of the feature columns (float32), the label
-  columns and the sample weight column (as stored);
-- ``validation_step(batch, batch_idx)``, when overridden, on the validation shard;
-  a returned tensor (or ``{"loss": ...}``) becomes ``val_loss``;
-- the hooks ``on_train_start``, ``on_train_epoch_start``, ``on_train_epoch_end``,
-  ``on_validation_epoch_start``, ``on_validation_epoch_end``, ``on_train_end``.
-
-``self.log(name, value)`` / ``self.log_dict`` are recorded (no Trainer to send them to):
-their per-row means over every rank enter the history as ``train_<name>`` (or
-``val_<name>`` during validation; a name already starting with ``train_`` / ``val_``
-keeps it).
+  "epoch" | "step"}}``) (:func:`lightning_optimizer`);
+- ``training_step`` / ``validation_step`` → the loss (:func:`step_loss`);
+- the module's own hooks called by name (:func:`call_hook`);
+- ``self.log`` / ``self.log_dict`` recorded by a :class:`LogRecorder` (weighted sums per
+  name and phase; their per-row means over every rank enter the history as
+  ``train_<name>`` / ``val_<name>``). The Trainer path records ``self.log`` into a
+  :class:`LogRecorder` too, beside Lightning's own logging, so both give the same
+  history names.
 """
 
 from __future__ import annotations
@@ -33,14 +33,92 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._frameworks import is_lightning_module
+
 __all__ = [
+    "LIGHTNING_PARAMS",
+    "RESERVED_TRAINER_ARGS",
     "LogRecorder",
     "attach_recorder",
     "call_hook",
+    "check_reserved_trainer_args",
     "lightning_optimizer",
+    "lightning_values",
     "overrides",
+    "refuse_lightning_params",
     "step_loss",
+    "with_lightning_params",
 ]
+
+# The params only a LightningModule's Trainer reads, with the value that means "unset"
+# (the params table's defaults).
+LIGHTNING_PARAMS: dict[str, Any] = {
+    "trainer_args": {},
+    "logger": None,
+    "log_every_n_steps": 50,
+    "terminate_on_nan": False,
+    "profiler": None,
+}
+
+
+# trainer_args ringtrain sets itself, and what to use instead.
+RESERVED_TRAINER_ARGS: dict[str, str] = {
+    "strategy": "every rank runs one Trainer on ringtrain's RingStrategy; size the job with num_proc",
+    "devices": "every rank trains on one device; size the job with num_proc",
+    "num_nodes": "the ranks are the Spark tasks; size the job with num_proc",
+    "accelerator": "use use_gpu=True / False",
+    "max_epochs": "use epochs",
+    "enable_checkpointing": "ringtrain checkpoints into the store every epoch and resumes a run_id from there; a ModelCheckpoint in callbacks still writes its own files",
+    "callbacks": "use the callbacks param",
+    "logger": "use the logger param",
+    "log_every_n_steps": "use the log_every_n_steps param",
+    "profiler": "use the profiler param",
+}
+
+
+def check_reserved_trainer_args(trainer_args: dict[str, Any]) -> None:
+    """Raise ValueError for a key of ``trainer_args`` that ringtrain sets itself."""
+    for key in trainer_args:
+        if key in RESERVED_TRAINER_ARGS:
+            raise ValueError(
+                f"trainer_args sets {key}={trainer_args[key]!r}, which RingEstimator sets "
+                f"itself: {RESERVED_TRAINER_ARGS[key]}. Drop {key!r} from trainer_args."
+            )
+
+
+def lightning_values(est: Any) -> dict[str, Any]:
+    """The Lightning-only params of ``est``; None (Horovod's default of some) is unset."""
+    values = {}
+    for name, unset in LIGHTNING_PARAMS.items():
+        value = est.getOrDefault(name)
+        values[name] = unset if value is None else value
+    return values
+
+
+def refuse_lightning_params(framework: str, values: dict[str, Any]) -> None:
+    """Raise ValueError for the first Lightning-only param in ``values`` that is set (the
+    model is a ``framework`` model, whose loop would silently ignore it)."""
+    for name, unset in LIGHTNING_PARAMS.items():
+        value = values.get(name, unset)
+        if value is not None and value is not unset and value != unset:
+            raise ValueError(
+                f"{name}={value!r} is set, but the model is a {framework} model: {name} "
+                "configures the lightning.Trainer of a LightningModule, which this model "
+                f"is not. Unset it (setParams({name}={unset!r})) or pass a "
+                "lightning.LightningModule as model."
+            )
+
+
+def with_lightning_params(est: Any, cfg: Any) -> Any:
+    """The fit's config ``cfg`` of ``est``, checked for the Lightning-only params (see the
+    module docstring): with their values for a LightningModule, as it was otherwise."""
+    values = lightning_values(est)
+    if not is_lightning_module(cfg.model):
+        refuse_lightning_params(cfg.framework, values)
+        return cfg
+    from ._framework_lightning import lightning_config
+
+    return lightning_config(cfg, values)
 
 
 class LogRecorder:

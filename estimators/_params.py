@@ -24,6 +24,7 @@ from typing import Any
 from pyspark.ml.param import Param, Params, TypeConverters
 
 from ._columns import LABEL_KINDS
+from ._lightning import check_reserved_trainer_args
 from ._store import Store
 
 __all__ = [
@@ -109,6 +110,16 @@ def _to_callbacks(value: Any) -> list[Any]:
     return items
 
 
+def _to_trainer_args(value: Any) -> dict[str, Any]:
+    """A dict of ``lightning.Trainer`` keyword arguments, none of those ringtrain sets."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise TypeError(
+            f"trainer_args takes a dict of lightning.Trainer keyword arguments, got {value!r}"
+        )
+    check_reserved_trainer_args(value)
+    return dict(value)
+
+
 def _to_history(value: Any) -> list[dict[str, Any]]:
     return [dict(entry) for entry in value]
 
@@ -143,6 +154,7 @@ _CONVERTER_TYPES: dict[Callable[[Any], Any], tuple[str, str]] = {
     _to_callable: ("Callable[..., Any]", "Callable[..., Any]"),
     _to_callbacks: ("Any", "list[Any]"),
     _to_history: ("Sequence[dict[str, Any]]", "list[dict[str, Any]]"),
+    _to_trainer_args: ("dict[str, Any]", "dict[str, Any]"),
     _to_label_kinds: ("str | Sequence[str]", "list[str]"),
 }
 
@@ -174,7 +186,12 @@ ESTIMATOR_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("train_reader_num_workers", _int, 1, "petastorm reader threads per process"),
     ParamSpec("inmemory_cache_all", _bool, False, "each worker reads its training shard into memory once and serves every epoch from there (shuffled per epoch)"),
     ParamSpec("backward_passes_per_step", _int, 1, "gradient accumulation: backward passes per optimizer step"),
-    ParamSpec("callbacks", _to_callbacks, [], "torch: objects with any of on_train_begin(logs), on_epoch_begin(epoch, logs), on_batch_end(batch, logs), on_epoch_end(epoch, logs), on_train_end(logs), called on every rank"),
+    ParamSpec("callbacks", _to_callbacks, [], "torch: objects with any of on_train_begin(logs), on_epoch_begin(epoch, logs), on_batch_end(batch, logs), on_epoch_end(epoch, logs), on_train_end(logs), called on every rank; lightning: lightning.pytorch.Callback objects, given to every rank's Trainer"),
+    ParamSpec("trainer_args", _to_trainer_args, {}, "lightning: more lightning.Trainer keyword arguments, e.g. {'precision': 'bf16-mixed', 'gradient_clip_val': 1.0}; strategy, devices, num_nodes, max_epochs and enable_checkpointing are ringtrain's"),
+    ParamSpec("logger", _any, None, "lightning: the Trainer's logger (a lightning logger, on every rank); default None: none (the history is in the store and RingModel.getHistory())"),
+    ParamSpec("log_every_n_steps", _int, 50, "lightning: the Trainer's log_every_n_steps"),
+    ParamSpec("terminate_on_nan", _bool, False, "lightning: a non-finite training loss fails the fit"),
+    ParamSpec("profiler", _any, None, "lightning: the Trainer's profiler ('simple', 'advanced' or a lightning Profiler)"),
     ParamSpec("use_gpu", _bool, None, "train and predict on the task's GPU (NCCL between GPUs); default: when CUDA is present"),
 )
 
@@ -326,12 +343,7 @@ HOROVOD_ONLY_PARAMS: tuple[HorovodParam, ...] = (
     HorovodParam("checkpoint_callback", "RingEstimator checkpoints every epoch into the store (<store>/runs/<run_id>/checkpoint) and resumes a run_id from there; drop it"),
     HorovodParam("backend_env", "set the executors' environment in the Spark conf (spark.executorEnv.NAME=value) when you create the SparkSession", inert=(None, {"LIBHDFS_OPTS": "-Xms2048m -Xmx2048m"})),
     HorovodParam("num_gpus", "use use_gpu=True or False", alias=_num_gpus),
-    HorovodParam("logger", "per-epoch metrics are in RingModel.getHistory() and are logged to MLflow when a run is active; log elsewhere from a callback"),
-    HorovodParam("log_every_n_steps", "metrics are computed per epoch; log per step from a callback's on_batch_end", inert=(None, 50)),
     HorovodParam("loader_num_epochs", "each epoch reads the shard once; there is no loader epoch count to set"),
-    HorovodParam("terminate_on_nan", "stop on a NaN loss from a callback (on_batch_end) by raising", inert=(None, False)),
-    HorovodParam("profiler", "run the torch profiler from a callback (on_train_begin / on_train_end)"),
-    HorovodParam("trainer_args", "a LightningModule is trained by ringtrain's own loop, not a pl.Trainer, so Trainer arguments do not apply"),
     HorovodParam("debug_data_loader", "not offered; inspect batches with transformation_fn", inert=(None, False)),
     HorovodParam("train_async_data_loader_queue_size", "batches are read in the training process; there is no async loader queue to size"),
     HorovodParam("val_async_data_loader_queue_size", "batches are read in the training process; there is no async loader queue to size"),

@@ -31,6 +31,7 @@ from estimators._frameworks import (
     framework_of,
     get_framework,
 )
+from estimators._train_lightning import LightningTrainSpec, train_lightning
 from estimators._train_torch import TrainSpec, train
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -145,13 +146,35 @@ def _cfg(model: torch.nn.Module, store: object) -> SimpleNamespace:
     )
 
 
-@pytest.mark.parametrize(("name", "lightning"), [(TORCH, False), (LIGHTNING, True)])
-def test_the_torch_worker_is_the_torch_loop_with_the_lightning_flag(name, lightning, tmp_path):
+def test_the_torch_worker_is_the_torch_loop(tmp_path):
     data = SimpleNamespace(train_path="t", val_path=None, steps_per_epoch=3)
-    fn, (spec,) = get_framework(name).worker(_cfg(torch.nn.Linear(2, 1), str(tmp_path)), data)
-    assert fn is train and isinstance(spec, TrainSpec)
-    assert spec.lightning is lightning and spec.steps_per_epoch == 3
+    fn, (spec,) = get_framework(TORCH).worker(_cfg(torch.nn.Linear(2, 1), str(tmp_path)), data)
+    assert fn is train and type(spec) is TrainSpec
+    assert spec.lightning is False and spec.steps_per_epoch == 3
     assert spec.optimizer_groups == [[0, 1]]
+
+
+def test_the_lightning_worker_fits_under_a_trainer_with_the_lightning_params(tmp_path):
+    """A LightningModule's worker is ``train_lightning`` (a real lightning.Trainer), its
+    spec the torch one plus the Trainer's knobs from the fit's config."""
+    data = SimpleNamespace(train_path="t", val_path=None, steps_per_epoch=3)
+    cfg = _cfg(torch.nn.Linear(2, 1), str(tmp_path))
+    fn, (spec,) = get_framework(LIGHTNING).worker(cfg, data)
+    assert fn is train_lightning and isinstance(spec, LightningTrainSpec)
+    assert spec.lightning is True and spec.steps_per_epoch == 3
+    assert (spec.trainer_args, spec.logger, spec.log_every_n_steps) == ({}, None, 50)
+    assert (spec.terminate_on_nan, spec.profiler) == (False, None)
+    knobs = {
+        "trainer_args": {"precision": "bf16-mixed"},
+        "logger": "a logger",
+        "log_every_n_steps": 5,
+        "terminate_on_nan": True,
+        "profiler": "simple",
+    }
+    cfg = SimpleNamespace(**vars(cfg), **knobs)
+    _, (spec,) = get_framework(LIGHTNING).worker(cfg, data)
+    assert {name: getattr(spec, name) for name in knobs} == knobs
+    assert spec.trainer_args is not cfg.trainer_args  # the spec holds its own copy
 
 
 def test_the_torch_framework_saves_loads_and_predicts_a_module(tmp_path):

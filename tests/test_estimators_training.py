@@ -8,6 +8,7 @@ stage whose worker died is rerun once, with RING_SPARK_ATTEMPT=1).
 from __future__ import annotations
 
 import glob
+import io
 import json
 import os
 import signal
@@ -135,7 +136,9 @@ def test_lightning_module_trains_on_digits_with_its_own_steps_and_logs_to_mlflow
     assert fitted.getRunId() == "lightning"
     assert store.read_json(store.get_history_path("lightning")) == history
     checkpoint = torch.load(store.get_checkpoint_path("lightning"), weights_only=True)
-    assert checkpoint["scheduler"]["last_epoch"] == 3  # StepLR stepped once per epoch
+    trainer_state = torch.load(io.BytesIO(checkpoint["lightning"]), weights_only=True)
+    assert trainer_state["lr_schedulers"][0]["last_epoch"] == 3  # StepLR stepped once per epoch
+    assert trainer_state["global_step"] > 0 and trainer_state["global_step"] % 3 == 0
     assert [m.step for m in losses] == [1, 2, 3]
     assert [m.value for m in losses] == pytest.approx([e["train_loss"] for e in history])
     assert params["ringtrain.framework"] == "lightning"
@@ -353,8 +356,9 @@ def test_a_worker_killed_at_epoch_2_resumes_at_epoch_3_on_spark_retry_with_optim
     ):
         assert torch.allclose(a, b, atol=1e-5), name
     # no half-written checkpoint is left next to the real one and the one before it
+    # (writer.json: the attempt that owns the run's checkpoints, Store.claim_run)
     run_dir = store.get_checkpoints_path("killed")
-    assert sorted(os.listdir(run_dir)) == ["checkpoint.pt", "checkpoint.pt.prev"]
+    assert sorted(os.listdir(run_dir)) == ["checkpoint.pt", "checkpoint.pt.prev", "writer.json"]
     record(
         request,
         note="retry resumed at epoch 3 from the epoch-2 checkpoint; weights as uninterrupted",
