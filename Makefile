@@ -15,7 +15,7 @@ S35_PYSPARK := 3.5.0
 EXTRAS := spark,petastorm,ray,tensorflow,lightning,mlflow,mpi,notebooks,dev
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test test-current test-spark35 soak bench lint install clean reliability conformance cluster-up cluster-down
+.PHONY: demo test test-current test-spark35 test-spark41 test-spark35-newest soak bench lint install clean reliability conformance cluster-up cluster-down
 
 install: $(STAMP)
 
@@ -31,10 +31,13 @@ demo: $(STAMP)
 	$(PY) -m estimators.demo
 
 # The whole suite on the main stack, then the second stack's subset (below).
+# PYTEST_ARGS: more pytest options for the main suite (e.g. a JUnit report).
 test: $(STAMP) $(CUR_STAMP) $(S35_STAMP)
-	$(PY) -m pytest -p no:cacheprovider tests
+	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests
 	$(MAKE) --no-print-directory test-current
 	$(MAKE) --no-print-directory test-spark35
+	$(MAKE) --no-print-directory test-spark41
+	$(MAKE) --no-print-directory test-spark35-newest
 
 # The second tested stack: the newest releases (constraints-current.txt: pyspark 4.3,
 # ray 2.60, pyarrow 26, numpy 2, pandas < 3), without Petastorm (the Arrow reader), in
@@ -71,6 +74,32 @@ $(S35_STAMP): pyproject.toml constraints-spark35.txt Makefile
 
 test-spark35: $(S35_STAMP)
 	$(S35_PY) -m pytest -p no:cacheprovider $(S35_TESTS)
+
+# Two more Spark versions of the Databricks LTS runtimes, each as a stack's pins with only
+# pyspark swapped: pyspark (pure Python and jars) is installed alone, without deps, into
+# build/pyspark-<v> and put first on PYTHONPATH, so nothing else of the venv moves.
+# Spark 4.1 (runtime 18) over the newest stack's venv: the Connect tests (the runner's
+# and the estimator's, a server started from that pyspark) and persistence. The newest
+# 3.5.x (runtime 16.4 ships 3.5.2) over the Spark 3.5 venv: the runner and persistence.
+S41_PYSPARK := 4.1.0
+S35_NEWEST_PYSPARK := 3.5.9
+S41_TESTS := tests/test_spark_connect.py tests/test_estimator_connect.py \
+	tests/test_estimators_persistence.py
+S35_NEWEST_TESTS := tests/test_spark_runner.py tests/test_estimators_persistence.py
+
+build/pyspark-%/.installed:
+	$(PY) -m pip install -q --no-deps --target build/pyspark-$* "pyspark==$*"
+	touch $@
+
+test-spark41: $(CUR_STAMP) build/pyspark-$(S41_PYSPARK)/.installed
+	PYTHONPATH=build/pyspark-$(S41_PYSPARK) $(CUR_PY) -c "import pyspark, sys; \
+		sys.exit(0 if pyspark.__version__ == '$(S41_PYSPARK)' else f'pyspark {pyspark.__version__}')"
+	PYTHONPATH=build/pyspark-$(S41_PYSPARK) $(CUR_PY) -m pytest -p no:cacheprovider $(S41_TESTS)
+
+test-spark35-newest: $(S35_STAMP) build/pyspark-$(S35_NEWEST_PYSPARK)/.installed
+	PYTHONPATH=build/pyspark-$(S35_NEWEST_PYSPARK) $(S35_PY) -c "import pyspark, sys; \
+		sys.exit(0 if pyspark.__version__ == '$(S35_NEWEST_PYSPARK)' else f'pyspark {pyspark.__version__}')"
+	PYTHONPATH=build/pyspark-$(S35_NEWEST_PYSPARK) $(S35_PY) -m pytest -p no:cacheprovider $(S35_NEWEST_TESTS)
 
 bench: $(STAMP)
 	$(PY) bench/collectives.py
