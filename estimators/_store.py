@@ -62,6 +62,7 @@ from typing import Any, BinaryIO
 __all__ = [
     "DBFSLocalStore",
     "FsspecStore",
+    "LocalDiskFullError",
     "LocalStore",
     "StaleWriterError",
     "Store",
@@ -120,6 +121,12 @@ def _fsync_path(path: str, directory: bool = False) -> None:
             raise
     finally:
         os.close(fd)
+
+
+class LocalDiskFullError(RuntimeError):
+    """A worker's local disk filled up while it copied the training data from a remote
+    store (not an OSError on purpose: the store itself is fine, and the estimator's
+    store-failure message must not claim otherwise)."""
 
 
 class StaleWriterError(RuntimeError):
@@ -634,9 +641,35 @@ class FsspecStore(Store):
         )
 
     def localize(self, path: str) -> str:
-        local = os.path.join(tempfile.mkdtemp(prefix="ringtrain-data-"), posixpath.basename(path))
-        if self.fs.isdir(path):
-            self.fs.get(path.rstrip("/") + "/", local, recursive=True)
-        else:
-            self.fs.get(path, local)
+        """A copy of ``path`` on this machine's disk, in a new temporary directory (the
+        caller removes it). A copy that fails leaves nothing behind; a full local disk
+        raises :class:`LocalDiskFullError` naming the directory, the sizes and the fix."""
+        folder = tempfile.mkdtemp(prefix="ringtrain-data-")
+        local = os.path.join(folder, posixpath.basename(path))
+        try:
+            if self.fs.isdir(path):
+                self.fs.get(path.rstrip("/") + "/", local, recursive=True)
+            else:
+                self.fs.get(path, local)
+        except BaseException as exc:
+            shutil.rmtree(folder, ignore_errors=True)
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                raise LocalDiskFullError(self._disk_full(path, folder)) from exc
+            raise
         return local
+
+    def _disk_full(self, path: str, folder: str) -> str:
+        root = os.path.dirname(folder)
+        try:
+            needed = f"{int(self.fs.du(path)):,} bytes"
+        except Exception:  # the message must not fail: the size is only a hint
+            needed = "its size"
+        free = shutil.disk_usage(root).free
+        return (
+            f"this worker's local disk is full: copying the training data {path} from the "
+            f"store to {folder} needs {needed}, and {root} (the worker's temporary directory, "
+            f"TMPDIR) has {free:,} bytes free. The store is fine. Free space there, point "
+            "the executors' TMPDIR at a larger disk (spark.executorEnv.TMPDIR=<dir> when the "
+            "SparkSession is created), or use a store the workers read in place (a path "
+            "every node mounts)."
+        )

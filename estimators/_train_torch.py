@@ -234,7 +234,11 @@ def _local_copies(spec: TrainSpec) -> Iterator[tuple[str, str | None]]:
         yield spec.train_path, spec.val_path
         return
     train_path = spec.store.localize(spec.train_path)
-    val_path = spec.store.localize(spec.val_path) if spec.val_path is not None else None
+    try:
+        val_path = spec.store.localize(spec.val_path) if spec.val_path is not None else None
+    except BaseException:  # the training copy is not left behind
+        shutil.rmtree(os.path.dirname(train_path), ignore_errors=True)
+        raise
     try:
         yield train_path, val_path
     finally:
