@@ -1,0 +1,104 @@
+"""Load: several fits at once on one SparkSession and one store (a notebook's parallel
+cells, CrossValidator with ``parallelism``, two users on one cluster). Each fit is a
+thread of the driver; each trains its own run to the model a fit alone gives, with its
+own checkpoint, and nothing of one leaks into another."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from _reliability import record
+
+import spark_runner
+from estimators import RingEstimator, Store
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+FITS, EPOCHS, ROWS = 3, 2, 96
+
+
+@pytest.fixture(scope="module")
+def spark():
+    # 4 slots: two fits' barrier stages run together, the third waits for slots
+    session = spark_runner.local_session(
+        "local[4]", app_name="test_concurrent_fits", log_level="ERROR",
+        conf={"spark.sql.shuffle.partitions": "2"},
+    )  # fmt: skip
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def _estimator(store: Store, run_id: str, seed: int) -> RingEstimator:
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(4, 2)
+    return RingEstimator(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.5),
+        loss=torch.nn.CrossEntropyLoss(),
+        feature_cols=["x"],
+        label_cols=["y"],
+        batch_size=8,
+        epochs=EPOCHS,
+        num_proc=2,
+        reader="arrow",
+        verbose=0,
+        random_seed=seed,
+        store=store,
+        run_id=run_id,
+    )
+
+
+@pytest.mark.reliability(
+    fault="several fits at once on one SparkSession and one store", category="load", cases=FITS
+)
+@pytest.mark.timeout(600)
+def test_concurrent_fits_on_one_session_and_store_each_end_as_a_fit_alone(spark, tmp_path, request):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS, 4))
+    df = spark.createDataFrame([(r.tolist(), int(r.sum() > 0)) for r in x], ["x", "y"])
+    store = Store.create(str(tmp_path / "store"))
+    results: dict[int, object] = {}
+    errors: dict[int, BaseException] = {}
+
+    def fit(i: int) -> None:
+        try:
+            results[i] = _estimator(store, f"concurrent{i}", seed=i).fit(df)
+        except BaseException as exc:
+            errors[i] = exc
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=fit, args=(i,), name=f"fit{i}") for i in range(FITS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(540)
+    together = time.monotonic() - started
+    assert not any(t.is_alive() for t in threads), "a concurrent fit did not finish"
+    assert errors == {}, errors
+    # each run: its own complete history and checkpoint, and the model a fit alone gives
+    for i in range(FITS):
+        model = results[i]
+        assert [e["epoch"] for e in model.getHistory()] == list(range(1, EPOCHS + 1))
+        ckpt = torch.load(store.get_checkpoint_path(f"concurrent{i}"), weights_only=True)
+        assert ckpt["epoch"] == EPOCHS
+        alone = _estimator(store, f"alone{i}", seed=i).fit(df)
+        for name, value in alone.getModel().state_dict().items():
+            assert torch.allclose(model.getModel().state_dict()[name], value, atol=1e-5), (i, name)
+    # the runs differ (seeds 0..2), so no run's state was another's
+    weights = [results[i].getModel().state_dict()["weight"] for i in range(FITS)]
+    assert not torch.allclose(weights[0], weights[1])
+    leftovers = [
+        os.path.join(root, name)
+        for root, _, names in os.walk(store.prefix_path)
+        for name in names
+        if ".tmp" in name
+    ]
+    assert leftovers == []
+    record(request, cases=FITS, note=f"{FITS} fits together in {together:.0f} s")
