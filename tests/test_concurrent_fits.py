@@ -67,9 +67,13 @@ def test_concurrent_fits_on_one_session_and_store_each_end_as_a_fit_alone(spark,
     results: dict[int, object] = {}
     errors: dict[int, BaseException] = {}
 
+    # built here, one after another: torch.manual_seed is process-wide, so models
+    # built in the threads would take each other's initial weights
+    estimators = [_estimator(store, f"concurrent{i}", seed=i) for i in range(FITS)]
+
     def fit(i: int) -> None:
         try:
-            results[i] = _estimator(store, f"concurrent{i}", seed=i).fit(df)
+            results[i] = estimators[i].fit(df)
         except BaseException as exc:
             errors[i] = exc
 
