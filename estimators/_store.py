@@ -57,7 +57,7 @@ import zipfile
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, ClassVar
 
 __all__ = [
     "DBFSLocalStore",
@@ -452,40 +452,48 @@ class LocalStore(Store):
         return True
 
 
-def _dbfs_root() -> str:
-    return os.environ.get(DBFS_ROOT_ENV_VAR) or DEFAULT_DBFS_ROOT
+@dataclass(frozen=True)
+class _DatabricksMountStore(LocalStore):
+    """A LocalStore on one of Databricks' FUSE mounts, the same path on the driver and
+    every executor. Spark names its files by ``dbfs:/`` URL (``dbfs:/`` standing for
+    the local path ``DBFS_OF``); with the mount moved by the ``ROOT_ENV`` variable (tests,
+    or a mount elsewhere) it names them ``file://``."""
 
+    ROOT_ENV: ClassVar[str]
+    DEFAULT_ROOT: ClassVar[str]
+    DBFS_OF: ClassVar[str]
 
-def _dbfs_local_path(prefix: str) -> str:
-    """``dbfs:/x`` or ``/dbfs/x`` → ``<root>/x`` (root: ``RING_DBFS_ROOT`` or ``/dbfs``)."""
-    if prefix.startswith("dbfs:"):
-        rest = prefix[len("dbfs:") :].lstrip("/")
-    else:
-        rest = prefix[len(DEFAULT_DBFS_ROOT) :].lstrip("/")
-    return posixpath.join(_dbfs_root(), rest)
+    @classmethod
+    def root(cls) -> str:
+        return os.environ.get(cls.ROOT_ENV) or cls.DEFAULT_ROOT
+
+    def url(self, path: str) -> str:
+        if self.root() == self.DEFAULT_ROOT:
+            return "dbfs:/" + posixpath.relpath(path, self.DBFS_OF)
+        return "file://" + path
 
 
 @dataclass(frozen=True)
-class DBFSLocalStore(LocalStore):
+class DBFSLocalStore(_DatabricksMountStore):
     """Databricks File System through its local FUSE mount (``/dbfs``); Spark writes by
     ``dbfs:/`` URL. With ``RING_DBFS_ROOT`` set elsewhere, Spark writes ``file://``."""
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "prefix_path", _dbfs_local_path(self.prefix_path))
+    ROOT_ENV: ClassVar[str] = DBFS_ROOT_ENV_VAR
+    DEFAULT_ROOT: ClassVar[str] = DEFAULT_DBFS_ROOT
+    DBFS_OF: ClassVar[str] = DEFAULT_DBFS_ROOT  # dbfs:/x is /dbfs/x
 
-    def url(self, path: str) -> str:
-        root = _dbfs_root()
-        if root == DEFAULT_DBFS_ROOT:
-            return "dbfs:/" + posixpath.relpath(path, root)
-        return "file://" + path
+    def __post_init__(self) -> None:
+        """``dbfs:/x`` or ``/dbfs/x`` → ``<root>/x`` (root: ``RING_DBFS_ROOT`` or ``/dbfs``)."""
+        prefix = self.prefix_path
+        if prefix.startswith("dbfs:"):
+            rest = prefix[len("dbfs:") :].lstrip("/")
+        else:
+            rest = prefix[len(DEFAULT_DBFS_ROOT) :].lstrip("/")
+        object.__setattr__(self, "prefix_path", posixpath.join(self.root(), rest))
 
 
 def _is_volume_path(path: str) -> bool:
     return path.rstrip("/") == DEFAULT_VOLUMES_ROOT or path.startswith(DEFAULT_VOLUMES_ROOT + "/")
-
-
-def _volumes_root() -> str:
-    return os.environ.get(VOLUMES_ROOT_ENV_VAR) or DEFAULT_VOLUMES_ROOT
 
 
 def _volume_parts(path: str) -> list[str]:
@@ -505,27 +513,25 @@ def _volume_parts(path: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class VolumeStore(LocalStore):
+class VolumeStore(_DatabricksMountStore):
     """A Unity Catalog volume on Databricks through its FUSE mount (``/Volumes/<catalog>/
     <schema>/<volume>/...``, the same path on the driver and every executor); Spark writes
     it as ``dbfs:/Volumes/...``. With ``RING_VOLUMES_ROOT`` set (tests, or a mount
     elsewhere) the path maps under that root and Spark writes ``file://``."""
 
+    ROOT_ENV: ClassVar[str] = VOLUMES_ROOT_ENV_VAR
+    DEFAULT_ROOT: ClassVar[str] = DEFAULT_VOLUMES_ROOT
+    DBFS_OF: ClassVar[str] = "/"  # dbfs:/Volumes/x is /Volumes/x
+
     def __post_init__(self) -> None:
         parts = _volume_parts(self.prefix_path)
-        object.__setattr__(self, "prefix_path", posixpath.join(_volumes_root(), *parts))
+        object.__setattr__(self, "prefix_path", posixpath.join(self.root(), *parts))
 
     @property
     def volume(self) -> str:
         """``<catalog>.<schema>.<volume>``: the volume this store lives in."""
-        rel = posixpath.relpath(self.prefix_path, _volumes_root()).split("/")
+        rel = posixpath.relpath(self.prefix_path, self.root()).split("/")
         return ".".join(rel[:3])
-
-    def url(self, path: str) -> str:
-        root = _volumes_root()
-        if root == DEFAULT_VOLUMES_ROOT:
-            return "dbfs:" + path
-        return "file://" + path
 
 
 def default_store() -> Store:
