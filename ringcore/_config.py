@@ -139,3 +139,10 @@ def get_bool(name: str, default: bool = False) -> bool:
     if raw is None or raw == "":
         return default
     return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def control_timeout_s() -> float:
+    """``RING_CONTROL_TIMEOUT_SECONDS`` (>= 0): the bound on a silent control peer, for
+    the sockets' keepalive and the ranks' wait on the coordinator's heartbeat; 0 leaves
+    both to the OS defaults (no heartbeat)."""
+    return max(0.0, get_float(CONTROL_TIMEOUT_ENV_VAR, DEFAULT_CONTROL_TIMEOUT_S))

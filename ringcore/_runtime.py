@@ -205,13 +205,8 @@ def _coordinator_config(size: int, start_timeout_s: float) -> Any:
         autotune=cfg.get_bool(cfg.AUTOTUNE_ENV_VAR),
         autotune_log=cfg.get_env(cfg.AUTOTUNE_LOG_ENV_VAR),
         start_timeout_s=start_timeout_s,
-        heartbeat_s=min(cfg.HEARTBEAT_INTERVAL_S, _control_timeout_s() / 4),
+        heartbeat_s=min(cfg.HEARTBEAT_INTERVAL_S, cfg.control_timeout_s() / 4),
     )
-
-
-def _control_timeout_s() -> float:
-    """``RING_CONTROL_TIMEOUT_SECONDS``; 0 (the OS defaults) turns the heartbeat off."""
-    return max(0.0, cfg.get_float(cfg.CONTROL_TIMEOUT_ENV_VAR, cfg.DEFAULT_CONTROL_TIMEOUT_S))
 
 
 def _cycle_time_s() -> float:
@@ -261,7 +256,7 @@ def _start_engine(state: _st.RuntimeState, process_sets: Any) -> None:
         connect_timeout_s=timeout,
         cycle_time_s=_cycle_time_s(),
         secret=secret,
-        control_timeout_s=_control_timeout_s(),
+        control_timeout_s=cfg.control_timeout_s(),
     )
     state.dynamic_process_sets = process_sets == "dynamic" or cfg.get_bool(
         cfg.DYNAMIC_PROCESS_SETS_ENV_VAR

@@ -89,7 +89,7 @@ def bound_silence(sock: socket.socket, timeout_s: float | None = None) -> None:
     ``TCP_USER_TIMEOUT`` while sent data waits for an acknowledgement. Options the
     platform lacks are skipped (the bound then is the OS default)."""
     if timeout_s is None:
-        timeout_s = cfg.get_float(cfg.CONTROL_TIMEOUT_ENV_VAR, cfg.DEFAULT_CONTROL_TIMEOUT_S)
+        timeout_s = cfg.control_timeout_s()
     if timeout_s <= 0:
         return  # 0: the OS defaults (hours)
     idle = max(1, int(timeout_s / 3))
