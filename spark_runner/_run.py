@@ -21,7 +21,7 @@ from . import _connect
 from ._errors import decode_worker_error, executor_import_error, executors_python
 from ._logserver import LogServer
 from ._platform import defaults
-from ._slots import retries_configured, wait_for_slots
+from ._slots import default_num_proc, retries_configured, wait_for_slots
 from ._task import TaskSpec, make_barrier_task
 
 log = logging.getLogger("ringtrain.spark_runner")
@@ -241,16 +241,11 @@ def run(
     connect = _connect.is_connect(spark)
     sc = None if connect else spark.sparkContext
     if num_proc is None:  # the cluster's parallelism
-        num_proc = (
-            _connect.task_slots(spark)[0] if connect else spark.sparkContext.defaultParallelism
-        )
+        num_proc = default_num_proc(spark)
     num_proc = _check_num_proc(num_proc)
     timeout = resolve_timeout(start_timeout)
     topology_hosts = _topology_hosts(num_proc)
-    if connect:
-        slots = _connect.wait_for_slots(spark, num_proc, timeout)
-    else:
-        slots = wait_for_slots(sc, num_proc, timeout)
+    slots = wait_for_slots(spark, num_proc, timeout)  # classic or Connect
     _say(verbose, 2, "the cluster offers %d task slots for %d ranks", slots, num_proc)
     payload = dumps_with_user_code((fn, tuple(args), dict(kwargs or {})), fn)
     server = _log_server(spark, stdout, stderr, num_proc)
