@@ -74,6 +74,14 @@ def _pausing(history_path: str, marks: str, after_epochs: int, every_rank: bool,
     once per worker process (``every_rank``) or once for the whole run."""
 
     def transform(batch):
+        if every_rank:  # this worker's PID, once, whether or not it pauses
+            with contextlib.suppress(FileExistsError):
+                seen = os.open(
+                    os.path.join(marks, f"seen-{os.getpid()}"),
+                    os.O_CREAT | os.O_EXCL | os.O_WRONLY,
+                )
+                os.write(seen, str(os.getpid()).encode())
+                os.close(seen)
         try:
             with open(history_path) as f:
                 done = len(json.load(f))
@@ -118,10 +126,13 @@ def _estimator(store: Store, run_id: str, **overrides) -> RingEstimator:
     return RingEstimator(**params)
 
 
-def _paused_pids(marks: str, count: int, timeout: float, failed: list) -> list[int]:
+def _paused_pids(
+    marks: str, count: int, timeout: float, failed: list, prefix: str = "paused"
+) -> list[int]:
+    """The PIDs of the first ``count`` workers that wrote a ``prefix`` mark."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not failed:
-        names = [n for n in os.listdir(marks) if n.startswith("paused")]
+        names = [n for n in os.listdir(marks) if n.startswith(prefix)]
         if len(names) >= count:
             pids = []
             for n in names:
@@ -281,7 +292,15 @@ def test_an_interrupted_fit_ends_every_worker_and_leaves_only_whole_checkpoints(
 
     def interrupt():
         try:
-            pids.extend(_paused_pids(marks, 2, 240, failed))
+            # One paused rank holds the whole ring (the other waits for it in the next
+            # allreduce, or pauses too): interrupt then, with both workers' PIDs known.
+            # Waiting for both to pause could take hold_s: a rank that prefetched its
+            # batch before the epoch's history was written never pauses in time.
+            _paused_pids(marks, 1, 240, failed)
+            # (the driver runs transformation_fn once too, checking it before the job)
+            for pid in _paused_pids(marks, 3, 240, failed, prefix="seen-"):
+                if pid != os.getpid():
+                    pids.append(pid)
             interrupted.append(time.monotonic())
             if how == "ctrl-c":
                 signal.pthread_kill(main, signal.SIGINT)
