@@ -179,6 +179,30 @@ def environment(packages: Sequence[str] = ("torch",)) -> dict[str, Any]:
     }
 
 
+def data_plane() -> dict[str, Any]:
+    """What carried ours' data on this rank (call after ``init()``, in a worker): the
+    engine's backend name and class, and any shared-memory group found on the backend or
+    the engine (attributes whose class name has "Shm"). ``RING_SHM`` in the environment
+    says what was asked; this says what the engine holds."""
+    from ringcore import _state
+
+    state = _state.current
+    engine = None if state is None else state.engine
+    backend = None if engine is None else getattr(engine, "backend", None)
+    shm = sorted(
+        f"{type(owner).__name__}.{attr}: {type(value).__name__}"
+        for owner in (backend, engine)
+        if owner is not None
+        for attr, value in getattr(owner, "__dict__", {}).items()
+        if "shm" in type(value).__name__.lower()
+    )
+    return {
+        "backend": getattr(backend, "name", None),
+        "backend_class": None if backend is None else type(backend).__name__,
+        "shm": shm,
+    }
+
+
 def finish(env: dict[str, Any]) -> dict[str, Any]:
     """The environment with the load average after the run and the wall time added."""
     started = datetime.datetime.fromisoformat(env["started"])

@@ -194,9 +194,11 @@ def _worker(kind: str, steps: int, rounds: int, quick: bool) -> dict[str, Any]:
             torch.allclose(final[n], ref, rtol=RTOL, atol=ATOL) for n in ("ddp", "ddp_tuned")
         )
         diffs[-1]["allclose"] = float(allclose)
+    plane = _common.data_plane()
     hvd.shutdown()
     return {
         "rank": rank,
+        "data_plane": plane,
         "times": times,
         "loss": loss,
         "diffs": diffs,
@@ -249,6 +251,7 @@ def _row(kind: str, per_rank: list[dict], steps: int) -> tuple[dict, list[dict]]
         "parameters": per_rank[0]["parameters"],
         "per_rank_batch": batch,
         "steps_per_round": steps,
+        "ours_data_plane_per_rank": [r["data_plane"] for r in per_rank],
         "ddp_tuned_bucket_cap_mb": per_rank[0]["bucket_cap_mb"],
         "ddp_bucket_grid_s_per_step": per_rank[0]["bucket_grid_s_per_step"],
         "peers": peers,

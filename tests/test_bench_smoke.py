@@ -73,6 +73,9 @@ def test_collectives_quick_writes_the_schema(tmp_path):
     assert {"ours", "gloo", "gloo_async_op", "gloo_flat"} <= set(burst["peers"])
     names = [t["target"] for t in report["targets"]]
     assert any("MPICH" in n for n in names) and any("0.025x" in n for n in names)
+    assert any("Horovod" in n for n in names)
+    planes = report["data_plane_per_rank"]  # what carried ours' bytes, per rank
+    assert len(planes) == report["np"] and all(p["backend"] for p in planes), planes
 
 
 @pytest.mark.timeout(300)
@@ -85,3 +88,4 @@ def test_training_quick_writes_the_schema(tmp_path):
         for peer in row["peers"].values():
             _assert_summary(peer["samples_per_s"], report["rounds"])
     assert any("weights" in c["check"] for c in report["checks"])
+    assert all(len(r["ours_data_plane_per_rank"]) == 2 for r in report["rows"])
