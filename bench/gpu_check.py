@@ -7,9 +7,13 @@
    on a local Ray); without CUDA both files whole (their CPU-side tests run, the ``gpu``
    ones skip);
 2. allreduce of 1 MB .. 1 GB, ours (``ringcore.torch.allreduce_``) against raw
-   ``torch.distributed.all_reduce`` on a group of the same backend, alternating the
-   two in 3 rounds and taking medians; target: ours >= 0.95x raw;
-3. training samples/s, ours (``DistributedOptimizer``) against DDP, same model/data.
+   ``torch.distributed.all_reduce`` on a group of the same backend: 5 rounds, the order
+   swapped every round, each rank timing itself and a round's figure its slowest rank's,
+   medians with min-max (``bench/_common.py``); both sums checked equal; target: ours
+   >= 0.95x raw;
+3. training samples/s, ours (``DistributedOptimizer``) against DDP from the same weights
+   on the same batches, 5 alternating rounds, slowest rank; their final weights checked
+   equal (within 1e-4).
 
 With one GPU the rings are: a size-1 NCCL ring (``RING_BACKEND=nccl``), and two
 processes sharing the GPU — NCCL refuses two ranks on one device, so there CUDA
@@ -33,7 +37,6 @@ import os
 import pathlib
 import platform
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -41,10 +44,14 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import _common  # noqa: E402  (bench/, this script's folder)
+
 from ringcore.testing import run_workers  # noqa: E402
 
 MB = 1 << 20
 TARGET = 0.95
+ROUNDS = _common.MIN_ROUNDS
+WEIGHT_ATOL = 1e-4  # ours vs DDP final weights (same gradients averaged)
 TEST_FILES = ["tests/test_gpu.py", "tests/test_gpu_runners.py"]
 TESTS_MAX_S = 170.0  # Spark and Ray start-up (~30 s each on a GPU host) + the GPU tests
 CONFIG_MIN_S = 45.0  # a benchmark configuration needs about this much to be worth starting
@@ -61,21 +68,27 @@ def _reps(nbytes: int) -> int:
     return 20 if nbytes <= MB else 8 if nbytes <= 16 * MB else 3
 
 
-def _timed(fn, reps: int, dev, barrier) -> float:
-    """Median seconds of one call, each call started together on every rank."""
-    fn()  # warm-up
-    samples = []
-    for _ in range(reps):
-        _sync(dev)
-        barrier()
-        t0 = time.perf_counter()
+def _rounds(peers: dict, reps: int, dev, barrier) -> dict[str, list[float]]:
+    """Seconds per call of every peer in each of :data:`ROUNDS` rounds on this rank, the
+    peers' order swapped every round (``bench/_common.py``), after one warm-up call each."""
+    for fn in peers.values():
         fn()
-        _sync(dev)
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+    out: dict[str, list[float]] = {name: [] for name in peers}
+    for order in _common.orders(list(peers), ROUNDS):
+        for name in order:
+            _sync(dev)
+            barrier()
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                peers[name]()
+            _sync(dev)
+            out[name].append((time.perf_counter() - t0) / reps)
+    return out
 
 
 def _allreduce_rows(sizes: list[int], dev, raw_group) -> list[dict]:
+    """This rank's seconds per allreduce, ours and raw, per round (the driver takes the
+    slowest rank of each round), and whether both gave the same sum."""
     import torch
     import torch.distributed as dist
 
@@ -86,29 +99,18 @@ def _allreduce_rows(sizes: list[int], dev, raw_group) -> list[dict]:
 
     rows = []
     for nbytes in sizes:
-        t = torch.ones(nbytes // 4, dtype=torch.float32, device=dev)
-        reps = _reps(nbytes)
+        t = torch.zeros(nbytes // 4, dtype=torch.float32, device=dev)  # sums stay 0
         name = f"bench.allreduce.{nbytes}"
-
-        def raw_op(t=t) -> None:
-            dist.all_reduce(t, group=raw_group)
-
-        def our_op(t=t, name=name) -> None:
-            hvd.allreduce_(t, op=hvd.Sum, name=name)
-
-        raws, ourss = [], []
-        for _ in range(3):  # alternating rounds: a noisy moment hits both
-            raws.append(_timed(raw_op, reps, dev, barrier))
-            ourss.append(_timed(our_op, reps, dev, barrier))
-        best_raw, best_ours = statistics.median(raws), statistics.median(ourss)
-        rows.append(
-            {
-                "bytes": nbytes,
-                "raw_ms": round(best_raw * 1e3, 3),
-                "ours_ms": round(best_ours * 1e3, 3),
-                "ratio": round(best_raw / best_ours, 3),
-            }
-        )
+        peers = {
+            "raw": lambda t=t: dist.all_reduce(t, group=raw_group),
+            "ours": lambda t=t, name=name: hvd.allreduce_(t, op=hvd.Sum, name=name),
+        }
+        times = _rounds(peers, _reps(nbytes), dev, barrier)
+        probe = (torch.arange(min(t.numel(), 1 << 20), device=dev) % 13 + hvd.rank()).float()
+        ours = hvd.allreduce(probe.clone(), op=hvd.Sum, name=f"{name}.check")
+        raw = probe.clone()
+        dist.all_reduce(raw, group=raw_group)
+        rows.append({"bytes": nbytes, "times": times, "same": bool(torch.equal(ours, raw))})
         del t
     return rows
 
@@ -126,29 +128,10 @@ def _model(dev):
     ).to(dev)
 
 
-def _train(model, opt, dev, steps: int, batch: int, barrier) -> float:
-    import torch
-
-    x = torch.randn(batch, 784, device=dev)
-    y = torch.randint(0, 10, (batch,), device=dev)
-
-    def step() -> None:
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-
-    for _ in range(3):
-        step()
-    _sync(dev)
-    barrier()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    _sync(dev)
-    return steps * batch / (time.perf_counter() - t0)
-
-
 def _training_row(dev, raw_group, steps: int, batch: int) -> dict:
+    """Ours and DDP from the same weights on the same batch, :data:`ROUNDS` alternating
+    rounds of ``steps`` steps; this rank's seconds per round and the largest difference
+    between the two peers' final weights (same gradients averaged: ~0)."""
     import torch
     import torch.distributed as dist
 
@@ -157,23 +140,44 @@ def _training_row(dev, raw_group, steps: int, batch: int) -> dict:
     def barrier() -> None:
         dist.barrier(group=raw_group)
 
-    model = _model(dev)
-    opt = hvd.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters()
-    )
-    ours = _train(model, opt, dev, steps, batch, barrier)
+    gen = torch.Generator().manual_seed(100 + hvd.rank())
+    x = torch.randn(batch, 784, generator=gen).to(dev)
+    y = torch.randint(0, 10, (batch,), generator=gen).to(dev)
+    init = [p.detach().clone() for p in _model(dev).parameters()]
+    ours_model = _model(dev)
     ddp_model = torch.nn.parallel.DistributedDataParallel(
         _model(dev),
         device_ids=[dev.index] if dev.type == "cuda" else None,
         process_group=raw_group,
     )
-    ddp = _train(
-        ddp_model, torch.optim.SGD(ddp_model.parameters(), lr=0.01), dev, steps, batch, barrier
-    )
+    models = {"ours": ours_model, "ddp": ddp_model.module}
+    opts = {
+        "ours": hvd.DistributedOptimizer(
+            torch.optim.SGD(ours_model.parameters(), lr=0.01),
+            named_parameters=ours_model.named_parameters(),
+        ),
+        "ddp": torch.optim.SGD(ddp_model.parameters(), lr=0.01),
+    }
+    forward = {"ours": ours_model, "ddp": ddp_model}
+
+    def run(name: str, n: int) -> None:
+        with torch.no_grad():
+            for p, p0 in zip(models[name].parameters(), init):
+                p.copy_(p0)
+        for _ in range(n):
+            opts[name].zero_grad()
+            torch.nn.functional.cross_entropy(forward[name](x), y).backward()
+            opts[name].step()
+
+    peers = {name: (lambda name=name: run(name, steps)) for name in forward}
+    times = _rounds(peers, 1, dev, barrier)
+    finals = {}
+    for name in forward:  # a last run of each from the same weights, then compare
+        run(name, steps)
+        finals[name] = torch.cat([p.detach().reshape(-1) for p in models[name].parameters()])
     return {
-        "samples_per_s_per_rank_ours": round(ours, 1),
-        "samples_per_s_per_rank_ddp": round(ddp, 1),
-        "ratio": round(ours / ddp, 3),
+        "times": times,
+        "max_weight_diff": float((finals["ours"] - finals["ddp"]).abs().max()),
         "batch_per_rank": batch,
         "steps": steps,
     }
@@ -301,6 +305,70 @@ def _configs(facts: dict, quick: bool) -> list[dict]:
     return configs
 
 
+def _merge(results: list[dict]) -> dict:
+    """One run's per-rank results as one row: rank 0's facts; per allreduce size and per
+    training peer the slowest rank of every round, summarised (median, min-max)."""
+    row = {k: v for k, v in results[0].items() if k not in ("allreduce", "training")}
+    sizes = []
+    for i, first in enumerate(results[0]["allreduce"]):
+        s = {
+            peer: _common.summary(
+                _common.slowest([r["allreduce"][i]["times"][peer] for r in results])
+            )
+            for peer in first["times"]
+        }
+        sizes.append(
+            {
+                "bytes": first["bytes"],
+                "raw_ms": round(s["raw"]["median"] * 1e3, 3),
+                "ours_ms": round(s["ours"]["median"] * 1e3, 3),
+                "ratio": round(s["raw"]["median"] / s["ours"]["median"], 3),
+                "seconds": s,
+                "same_sum_every_rank": all(r["allreduce"][i]["same"] for r in results),
+            }
+        )
+    tr = results[0]["training"]
+    samples = len(results) * tr["batch_per_rank"] * tr["steps"]
+    rates = {
+        peer: _common.summary(
+            samples / t for t in _common.slowest([r["training"]["times"][peer] for r in results])
+        )
+        for peer in tr["times"]
+    }
+    row["allreduce"] = sizes
+    row["training"] = {
+        "samples_per_s_ours": rates["ours"],
+        "samples_per_s_ddp": rates["ddp"],
+        "ratio": round(rates["ours"]["median"] / rates["ddp"]["median"], 3),
+        "max_weight_diff": max(r["training"]["max_weight_diff"] for r in results),
+        "batch_per_rank": tr["batch_per_rank"],
+        "steps": tr["steps"],
+    }
+    return row
+
+
+def _checks(runs: list[dict]) -> list[dict]:
+    out = []
+    for run in runs:
+        if "allreduce" not in run:
+            continue
+        out.append(
+            _common.check(
+                f"{run['name']}: ours' and raw allreduce sums equal on every rank, every size",
+                all(r["same_sum_every_rank"] for r in run["allreduce"]),
+            )
+        )
+        diff = run["training"]["max_weight_diff"]
+        out.append(
+            _common.check(
+                f"{run['name']}: ours' and DDP's final weights within {WEIGHT_ATOL} (every rank)",
+                diff <= WEIGHT_ATOL,
+                f"max |ours - ddp| {diff:.3g}",
+            )
+        )
+    return out
+
+
 def _targets(runs: list[dict]) -> list[dict]:
     out = []
     for run in runs:
@@ -343,9 +411,12 @@ def _print(report: dict) -> None:
             )
         tr = run["training"]
         print(
-            f"  training samples/s per rank: ours {tr['samples_per_s_per_rank_ours']}, "
-            f"DDP {tr['samples_per_s_per_rank_ddp']} (ratio {tr['ratio']})"
+            f"  training samples/s (all ranks, slowest rank's rounds): ours "
+            f"{_common.spread(tr['samples_per_s_ours'], fmt='{:.0f}')}, DDP "
+            f"{_common.spread(tr['samples_per_s_ddp'], fmt='{:.0f}')} (ratio {tr['ratio']})"
         )
+    for c in report["checks"]:
+        print(f"check {c['check']}: {'passed' if c['passed'] else 'FAILED'} {c['detail']}")
 
 
 def main() -> int:
@@ -358,6 +429,7 @@ def main() -> int:
     args = parser.parse_args()
     t0 = time.perf_counter()
     deadline = t0 + args.budget_s
+    env = _common.environment(("torch", "pyspark", "ray"))
     facts = _device_facts()
     tests = (
         {"ok": True, "summary": "skipped (--skip-tests)"}
@@ -380,8 +452,7 @@ def main() -> int:
                 env=conf["env"],
                 timeout=min(240.0, left - 5.0),
             )
-            row.update(results[0])
-            row["training_per_rank"] = [r["training"] for r in results]
+            row.update(_merge(results))
         except Exception as exc:  # the report says what failed; the exit code too
             row["error"] = f"{type(exc).__name__}: {exc}"
         runs.append(row)
@@ -391,15 +462,23 @@ def main() -> int:
         else "NO GPU FOUND: these are CPU-only results (CPU tensors over Gloo); "
         "the CUDA/NCCL paths were not exercised and their tests skipped"
     )
+    checks = _checks(runs)
     report = {
         "name": "gpu_check",
         "note": note,
+        "rounds": ROUNDS,
+        "method": "per size and peer: rounds with the order swapped every round (ours/raw, "
+        "ours/DDP), each rank timing itself, a round's figure its slowest rank's; medians "
+        "with min-max (bench/_common.py)",
         "device": facts,
         "tests": tests,
         "runs": runs,
         "target": f"ours >= {TARGET}x raw torch.distributed all_reduce at every size",
         "missed_targets": _targets(runs),
+        "checks": checks,
+        "checks_passed": all(c["passed"] for c in checks),
         "wall_s": round(time.perf_counter() - t0, 1),
+        "environment": _common.finish(env),
     }
     out_dir = (
         pathlib.Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "bench" / "results"
@@ -409,7 +488,7 @@ def main() -> int:
     path.write_text(json.dumps(report, indent=2) + "\n")
     _print(report)
     print(f"wrote {path} in {report['wall_s']} s")
-    ok = tests["ok"] and all("error" not in r for r in runs)
+    ok = tests["ok"] and all("error" not in r for r in runs) and report["checks_passed"]
     return 0 if ok else 1
 
 
