@@ -2,7 +2,9 @@
 
 The same training function on 2 workers of one local Ray cluster (``num_cpus=2``,
 127.0.0.1, dashboard off): an MLP on generated data, ``--steps`` SGD steps of batch 64
-per worker. Ours averages gradients with ``ringcore.torch.DistributedOptimizer``;
+per worker, on two workloads: ``startup`` (``--steps``, default 300: a second of
+training, so start-up dominates) and ``training`` (``--long-steps``, default 3,000:
+training dominates). Ours averages gradients with ``ringcore.torch.DistributedOptimizer``;
 theirs is DDP through ``ray.train.torch.prepare_model`` (Gloo). Ray Train runs with
 ``RAY_TRAIN_V2_ENABLED=1`` (the default of Ray 2.55, set explicitly here) and its
 ``RunConfig(storage_path=...)`` in a temporary folder, as is ours.
@@ -12,15 +14,19 @@ is comparable): ``fit_s`` (the whole ``fit()`` call), ``startup_s`` (from callin
 ``fit()`` until the train loop's first line runs on every worker: each worker writes
 ``time.time()`` at loop entry to a file), and ``ready_s`` (until every worker holds
 its ready model, just before the first step: after ``hvd.init()`` and the parameter
-broadcast for ours, after ``prepare_model`` for theirs). The peers alternate for
-``--rounds`` rounds (>= 5, the order swapped every round) after one cold fit each on the
-fresh cluster (new worker processes and imports; ours first); the table gives the cold
-figure, the warm median with min-max and the ratio ours/theirs (target <= 1.0x). Start-up
-is the latest worker's stamp (the slowest rank). Check: both peers average the same
+broadcast for ours, after ``prepare_model`` for theirs). Per workload the
+peers alternate for ``--rounds`` rounds (>= 5, the order swapped every round) after one
+first fit each: cold on the fresh cluster for ``startup`` (new worker processes and
+imports; ours first), an untimed warm-up for ``training`` (whose table row is
+``fit_s`` only: its start-up is the same). The table gives the cold figure, the warm
+median with min-max and the ratio ours/theirs (target <= 1.0x). Start-up is the latest
+worker's stamp (the slowest rank). Check, per workload: both peers average the same
 gradients from the same weights and data, so rank 0's final loss must agree (relative
-1e-4). ``--quick``: 20 steps. Prints a table and writes bench/results/ray_trainer.json.
+1e-4). ``--quick``: 20 and 300 steps. Prints a table and writes
+bench/results/ray_trainer.json.
 
-Usage: python bench/ray_trainer.py [--steps 300] [--rounds 5] [--quick] [--out DIR]
+Usage: python bench/ray_trainer.py [--steps 300] [--long-steps 3000] [--rounds 5] [--quick]
+       [--out DIR]
 """
 
 from __future__ import annotations
@@ -159,7 +165,9 @@ def _fit(peer: str, steps: int, storage: str) -> dict:
     }
 
 
-def _run_all(steps: int, rounds: int) -> tuple[dict, list[dict]]:
+def _run_all(workloads: list[tuple[str, int]], rounds: int) -> tuple[dict, list[dict]]:
+    """Per workload: the first fit of each peer (cold on the fresh cluster for the first
+    workload, an untimed warm-up for the others), then the alternating rounds."""
     import ray
 
     storage = tempfile.mkdtemp(prefix="ray_trainer_bench_")
@@ -169,84 +177,107 @@ def _run_all(steps: int, rounds: int) -> tuple[dict, list[dict]]:
         include_dashboard=False,
         log_to_driver=False,
     )
+    first: dict[str, dict] = {}
+    runs = []
     try:
-        cold = {peer: _fit(peer, steps, storage) for peer in ("ours", "theirs")}
-        runs = []
-        for r, order in enumerate(_common.orders(["ours", "theirs"], rounds)):
-            for peer in order:
-                run = _fit(peer, steps, storage)
-                run["round"] = r
-                runs.append(run)
-                print(
-                    f"round {r} {peer:<6} fit {run['fit_s']:6.2f} s  startup "
-                    f"{run['startup_s']:5.2f} s  ready {run['ready_s']:5.2f} s  "
-                    f"loss {run['final_loss']:.4f}",
-                    flush=True,
-                )
+        for name, steps in workloads:
+            first[name] = {peer: _fit(peer, steps, storage) for peer in ("ours", "theirs")}
+            for r, order in enumerate(_common.orders(["ours", "theirs"], rounds)):
+                for peer in order:
+                    run = _fit(peer, steps, storage)
+                    run.update(round=r, workload=name)
+                    runs.append(run)
+                    print(
+                        f"{name} round {r} {peer:<6} fit {run['fit_s']:6.2f} s  startup "
+                        f"{run['startup_s']:5.2f} s  ready {run['ready_s']:5.2f} s  "
+                        f"loss {run['final_loss']:.4f}",
+                        flush=True,
+                    )
     finally:
         ray.shutdown()
-    return cold, runs
+    return first, runs
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300)
-    _common.add_common_args(parser)
-    args = parser.parse_args()
-    rounds = _common.check_rounds(args.rounds)
-    steps = 20 if args.quick else args.steps
-    env = _common.environment(("torch", "ray"))
-    cold, runs = _run_all(steps, rounds)
+_METRICS = (
+    ("fit_s", "total fit() wall time"),
+    ("startup_s", "fit() -> loop entry on all workers"),
+    ("ready_s", "fit() -> model ready on all workers"),
+)
+
+
+def _workload_report(name: str, first: dict, runs: list[dict], cold: bool) -> tuple:
+    """Rows, table lines, targets and the loss check of one workload."""
     rows, lines, targets = [], [], []
-    for key, what in (
-        ("fit_s", "total fit() wall time"),
-        ("startup_s", "fit() -> loop entry on all workers"),
-        ("ready_s", "fit() -> model ready on all workers"),
-    ):
+    for key, what in _METRICS if cold else _METRICS[:1]:
         s = {p: _common.summary(r[key] for r in runs if r["peer"] == p) for p in ("ours", "theirs")}
         ratio = s["ours"]["median"] / s["theirs"]["median"]
-        cold_ratio = cold["ours"][key] / cold["theirs"][key]
-        rows.append(
-            {
-                "metric": key,
-                "what": what,
-                "warm": s,
-                "warm_ratio": ratio,
-                "cold": {p: cold[p][key] for p in cold},
-                "cold_ratio": cold_ratio,
-            }
-        )
+        row = {"workload": name, "metric": key, "what": what, "warm": s, "warm_ratio": ratio}
+        checked = [("warm", ratio)]
+        if cold:
+            row["cold"] = {p: first[p][key] for p in first}
+            row["cold_ratio"] = first["ours"][key] / first["theirs"][key]
+            checked.append(("cold", row["cold_ratio"]))
+        rows.append(row)
         lines.append(
             [
-                key,
-                f"{cold['ours'][key]:.2f} / {cold['theirs'][key]:.2f}",
-                f"{cold_ratio:.3g}",
+                f"{name}: {key}",
+                f"{first['ours'][key]:.2f} / {first['theirs'][key]:.2f}" if cold else "",
+                f"{row['cold_ratio']:.3g}" if cold else "",
                 _common.spread(s["ours"], fmt="{:.2f}"),
                 _common.spread(s["theirs"], fmt="{:.2f}"),
                 f"{ratio:.3g}",
             ]
         )
-        for label, value in (("warm", ratio), ("cold", cold_ratio)):
+        for label, value in checked:
             targets.append(
                 _common.target(
-                    f"{key} ({what}), {label}: ours <= 1.0x TorchTrainer",
+                    f"{name}: {key} ({what}), {label}: ours <= 1.0x TorchTrainer",
                     value,
                     1.0,
                     lower_is_better=True,
                     why_missed="not profiled in this run",
                 )
             )
-    losses = [r["final_loss"] for r in [*cold.values(), *runs]]
-    checks = [
-        _common.check(
-            "rank 0's final loss equal for ours and TorchTrainer, every fit (relative 1e-4)",
-            max(losses) - min(losses) <= 1e-4 * max(abs(x) for x in losses),
-            f"losses {min(losses):.6g} .. {max(losses):.6g}",
+    losses = [r["final_loss"] for r in [*first.values(), *runs]]
+    check = _common.check(
+        f"{name}: rank 0's final loss equal for ours and TorchTrainer, every fit (relative 1e-4)",
+        max(losses) - min(losses) <= 1e-4 * max(abs(x) for x in losses),
+        f"losses {min(losses):.6g} .. {max(losses):.6g}",
+    )
+    return rows, lines, targets, check
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300, help="steps of the start-up workload")
+    parser.add_argument(
+        "--long-steps", type=int, default=3000, help="steps of the training workload"
+    )
+    _common.add_common_args(parser)
+    args = parser.parse_args()
+    rounds = _common.check_rounds(args.rounds)
+    workloads = (
+        [("startup", 20), ("training", 300)]
+        if args.quick
+        else [
+            ("startup", args.steps),
+            ("training", args.long_steps),
+        ]
+    )
+    env = _common.environment(("torch", "ray"))
+    first, runs = _run_all(workloads, rounds)
+    rows, lines, targets, checks = [], [], [], []
+    for i, (name, _) in enumerate(workloads):
+        r, ln, tg, ck = _workload_report(
+            name, first[name], [x for x in runs if x["workload"] == name], cold=i == 0
         )
-    ]
+        rows += r
+        lines += ln
+        targets += tg
+        checks.append(ck)
     t = _common.table(
         [
-            "metric",
+            "workload: metric",
             "cold s ours / theirs",
             "cold ratio",
             "warm ours s",
@@ -265,7 +296,7 @@ def main() -> None:
             "what": "RingTrainer.fit vs ray.train.torch.TorchTrainer.fit (DDP), 2 workers",
             "setup": {
                 "workers": WORKERS,
-                "steps": steps,
+                "steps": dict(workloads),
                 "per_worker_batch": BATCH,
                 "model": "MLP 32-256-256-10, generated data",
                 "threads": "torch.set_num_threads(1) in every worker of both peers",
@@ -276,7 +307,7 @@ def main() -> None:
             "checks": checks,
             "table": t,
             "summary": rows,
-            "cold_runs": cold,
+            "first_runs": first,
             "runs": runs,
         },
         quick=args.quick,
