@@ -94,3 +94,46 @@ def test_the_docs_blocks_are_what_the_committed_json_gives():
     status = (ROOT / "docs" / "status.md").read_text()
     for name in ("collectives", "training", "keras", "spark_launch", "estimator", "ray_trainer"):
         assert f"<!-- bench:begin {name} -->" in status, f"docs/status.md lacks the {name} block"
+
+
+def _variant(**changes) -> dict:
+    data = json.loads(json.dumps(FIXTURE))
+    for path, value in changes.items():
+        *parents, leaf = path.split(".")
+        node = data
+        for key in parents:
+            node = node[key]
+        if value is None:
+            del node[leaf]
+        else:
+            node[leaf] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"environment.machine.load_after": None}, r"lacks environment\.machine\.load_after"),
+        ({"environment.commit": ""}, r"lacks environment\.commit"),
+        ({"checks": []}, r"lacks checks"),
+        (
+            {"targets": [{"target": "t", "value": 2.0, "goal": 1.0, "met": False}]},
+            r"lacks targets\[0\]\.why_missed",
+        ),
+        ({"rounds": 3}, r"3 rounds; .* >= 5"),
+    ],
+)
+def test_a_result_lacking_what_a_skeptic_checks_is_refused_naming_it(tmp_path, changes, message):
+    (tmp_path / "demo.json").write_text(json.dumps(_variant(**changes)))
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- bench:begin demo -->\n<!-- bench:end demo -->\n")
+    with pytest.raises(SystemExit, match=message):
+        bench_tables.main(["--results", str(tmp_path), str(doc)])
+    assert "bench:begin demo -->\n<!--" in doc.read_text()  # nothing written
+
+
+def test_the_provenance_says_what_data_plane_ours_held():
+    shm = {"backend": "gloo", "backend_class": "X", "shm": ["X.group: ShmGroup"]}
+    plain = {"backend": "gloo", "backend_class": "X", "shm": []}
+    text = bench_tables.render("demo", {**FIXTURE, "data_plane_per_rank": [shm, plain]})
+    assert "ours held a shared-memory group on 1 of 2 ranks" in text

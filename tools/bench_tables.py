@@ -11,7 +11,8 @@ and this tool rewrites every such block from the JSON of that name: a line sayin
 which commit, machine and load it ran and whether every check passed, the table the
 script printed, and every target met or missed with its reason. A JSON from before
 ``bench/_common.py`` (no ``schema``) is named as such and its figures are not quoted,
-since it recorded neither commit, rounds nor checks. ``--check`` changes nothing and
+since it recorded neither commit, rounds nor checks; a JSON in the shared schema that
+lacks any of them (or a reason for a missed target) stops the tool naming the field. ``--check`` changes nothing and
 exits 1 when a block differs from what the JSON gives (a hand edit, or a stale block);
 tests/test_bench_tables.py runs it. Usage:
 
@@ -54,6 +55,10 @@ def _provenance(name: str, data: dict[str, Any]) -> str:
     failed = [c["check"] for c in data["checks"] if not c["passed"]]
     checks = "every check passed" if not failed else f"{len(failed)} check(s) FAILED"
     versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
+    planes = data.get("data_plane_per_rank")
+    if planes:  # what the engine held, beside what RING_SHM asked for
+        held = sum(1 for p in planes if p.get("shm"))
+        versions += f"; ours held a shared-memory group on {held} of {len(planes)} ranks"
     return (
         f"`bench/results/{name}.json`: commit `{env['commit'][:10]}`"
         f"{' (dirty tree)' if env['dirty'] else ''}, {env['started']}, "
@@ -70,6 +75,46 @@ def _target_line(t: dict[str, Any]) -> str:
     return f"- {t['target']}: {value}, {verdict}{why}"
 
 
+MIN_ROUNDS = 5  # bench/_common.py's
+
+
+def validate(name: str, data: dict[str, Any]) -> None:
+    """Refuse to quote a result that lacks what a skeptic checks: the commit, versions,
+    machine and load, >= 5 rounds, the checks, and a reason for every target not met."""
+    env = data.get("environment") or {}
+    machine = env.get("machine") or {}
+    missing = [
+        field
+        for field, present in (
+            ("environment.commit", env.get("commit")),
+            ("environment.versions", env.get("versions")),
+            ("environment.machine.cores", machine.get("cores")),
+            ("environment.machine.load_before", machine.get("load_before")),
+            ("environment.machine.load_after", machine.get("load_after")),
+            ("checks", data.get("checks")),
+            ("table.rows", (data.get("table") or {}).get("rows")),
+        )
+        if not present
+    ]
+    if "targets" not in data:
+        missing.append("targets")
+    missing += [
+        f"targets[{i}].why_missed"
+        for i, t in enumerate(data.get("targets", []))
+        if t.get("met") is not True and not t.get("why_missed")
+    ]
+    if missing:
+        raise SystemExit(
+            f"bench/results/{name}.json lacks {', '.join(missing)}: it was not written by "
+            f"bench/_common.py's write(); rerun python bench/{name}.py"
+        )
+    if data.get("rounds", 0) < MIN_ROUNDS:
+        raise SystemExit(
+            f"bench/results/{name}.json has {data.get('rounds')} rounds; a median and a spread "
+            f"need >= {MIN_ROUNDS}: rerun python bench/{name}.py --rounds {MIN_ROUNDS}"
+        )
+
+
 def render(name: str, data: dict[str, Any]) -> str:
     """The block's body for one result file (ends with a newline)."""
     if data.get("schema", 1) < 2:
@@ -78,6 +123,7 @@ def render(name: str, data: dict[str, Any]) -> str:
             "(no commit, rounds, slowest-rank times or checks recorded), so its figures are "
             f"not quoted here; `python bench/{name}.py` on a quiet machine rewrites it.\n"
         )
+    validate(name, data)
     lines = [_provenance(name, data), "", *_markdown_table(data["table"])]
     if data["targets"]:
         lines += ["", *(_target_line(t) for t in data["targets"])]
