@@ -478,10 +478,11 @@ def _targets(rows: list[dict], plane: str, shm: bool, quick: bool) -> list[dict[
             _ratio(_med(burst, "ours"), _med(burst, "gloo")) if burst else None,
             0.025,
             lower_is_better=True,
-            why_missed="fusion packs the burst into a few buffers, but every submission costs "
-            "tens of µs of Python (request, handle, bookkeeping) contending for the GIL with "
-            "the engine threads; see the gloo_async_op and gloo_flat rows for what raw Gloo "
-            "does with the same burst.",
+            why_missed=f"ours {_ms(burst, 'ours')} per burst vs raw Gloo sequential "
+            f"{_ms(burst, 'gloo')}, async_op {_ms(burst, 'gloo_async_op')}, one flat buffer "
+            f"{_ms(burst, 'gloo_flat')}: fusion packs the burst into a few buffers, but every "
+            "submission costs tens of µs of Python (request, handle, bookkeeping) contending "
+            "for the GIL with the engine threads.",
             note=f"--quick: {burst['count']} ops, not 1,000" if burst and quick else "",
         )
     )
@@ -492,7 +493,8 @@ def _targets(rows: list[dict], plane: str, shm: bool, quick: bool) -> list[dict[
             burst_ms if burst and not quick else None,
             HOROVOD_1000_MS,
             lower_is_better=True,
-            why_missed="as above: per-submission Python cost; Horovod submits from C++",
+            why_missed=f"ours {_ms(burst, 'ours')}: per-submission Python cost (see the "
+            "target above); Horovod submits from C++",
             note="--quick runs fewer than 1,000 ops" if quick else "",
         )
     )
