@@ -23,6 +23,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import types
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -179,27 +180,39 @@ def environment(packages: Sequence[str] = ("torch",)) -> dict[str, Any]:
     }
 
 
-def data_plane() -> dict[str, Any]:
+_NOT_STATE = (type, types.ModuleType, types.FunctionType, types.MethodType)
+
+
+def data_plane(depth: int = 3) -> dict[str, Any]:
     """What carried ours' data on this rank (call after ``init()``, in a worker): the
-    engine's backend name and class, and any shared-memory group found on the backend or
-    the engine (attributes whose class name has "Shm"). ``RING_SHM`` in the environment
-    says what was asked; this says what the engine holds."""
+    engine's backend name and class, and every shared-memory object found from the
+    engine and its backend through up to ``depth`` attributes (class names with "shm",
+    as ``ringcore._shm.ShmGroup``). ``RING_SHM`` in the environment says what was asked;
+    this says what the engine holds."""
     from ringcore import _state
 
     state = _state.current
     engine = None if state is None else state.engine
     backend = None if engine is None else getattr(engine, "backend", None)
-    shm = sorted(
-        f"{type(owner).__name__}.{attr}: {type(value).__name__}"
-        for owner in (backend, engine)
-        if owner is not None
-        for attr, value in getattr(owner, "__dict__", {}).items()
-        if "shm" in type(value).__name__.lower()
-    )
+    found: set[str] = set()
+    seen: set[int] = set()
+    layer = [(type(o).__name__, o) for o in (engine, backend) if o is not None]
+    for _ in range(depth):
+        nxt = []
+        for path, obj in layer:
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            for attr, value in getattr(obj, "__dict__", {}).items():
+                if "shm" in type(value).__name__.lower():
+                    found.add(f"{path}.{attr}: {type(value).__name__}")
+                elif not isinstance(value, _NOT_STATE) and hasattr(value, "__dict__"):
+                    nxt.append((f"{path}.{attr}", value))
+        layer = nxt
     return {
         "backend": getattr(backend, "name", None),
         "backend_class": None if backend is None else type(backend).__name__,
-        "shm": shm,
+        "shm": sorted(found),
     }
 
 

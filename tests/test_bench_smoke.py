@@ -89,3 +89,38 @@ def test_training_quick_writes_the_schema(tmp_path):
             _assert_summary(peer["samples_per_s"], report["rounds"])
     assert any("weights" in c["check"] for c in report["checks"])
     assert all(len(r["ours_data_plane_per_rank"]) == 2 for r in report["rows"])
+
+
+class FakeShmGroup:  # a class named as ringcore._shm's group, held two attributes down
+    pass
+
+
+class _Holder:
+    def __init__(self) -> None:
+        self.group = FakeShmGroup()
+
+
+def _probe_planes() -> tuple[dict, dict]:
+    sys.path.insert(0, str(ROOT / "bench"))
+    import _common
+
+    import ringcore
+    from ringcore import _state
+
+    ringcore.init()
+    try:
+        before = _common.data_plane()
+        _state.current.engine.backend.local = _Holder()
+        return before, _common.data_plane()
+    finally:
+        del _state.current.engine.backend.local
+        ringcore.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_data_plane_reports_a_shared_memory_group_found_below_the_backend():
+    from ringcore.testing import run_workers
+
+    for before, after in run_workers(_probe_planes, np=2, timeout=100):
+        assert before["backend"] and before["shm"] == []
+        assert after["shm"] == [f"{after['backend_class']}.local.group: FakeShmGroup"]
