@@ -4,7 +4,10 @@ Three ways in: a group someone already formed (a ``torchrun`` script, a test) is
 adopted; under ``mpirun`` rank 0 hosts a store and MPI tells every rank where;
 otherwise the ranks meet at the job's store, check in, and form a Gloo (or
 ``cpu:gloo,cuda:nccl``) process group, on the interface on the route to the store.
-torch is imported only when a ring is formed.
+A ring formed here then puts the host's shared-memory data plane in front of the
+network backend where it applies (``_shm_backend.join``); an adopted group keeps the
+network path (there is no store of ours to meet through). torch is imported only
+when a ring is formed.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ def connect(rdv: Rendezvous, requested: str | None = None) -> Connection:
     ``requested``: "gloo" or "nccl" as asked for, None to choose (``_backend_choice``)."""
     import torch.distributed as dist
 
+    from . import _shm_backend
     from ._torch_backend import torch_backend
 
     if rdv.source == "mpi":
@@ -41,12 +45,19 @@ def connect(rdv: Rendezvous, requested: str | None = None) -> Connection:
     if dist.is_initialized():
         _check_adopted(dist, rdv)
         return Connection(torch_backend(), rdv)
-    store = _form_group(rdv, requested)
+    store, prefixed, prefix = _form_group(rdv, requested)
     try:
-        return Connection(torch_backend(), rdv, store=store, close=_destroy_group)
+        backend = _shm_backend.join(
+            torch_backend(),
+            prefixed,
+            prefix,
+            rdv.topology,
+            cfg.get_float(cfg.GLOO_TIMEOUT_ENV_VAR, cfg.DEFAULT_GLOO_TIMEOUT_S),
+        )
     except BaseException:
         _destroy_group()
         raise
+    return Connection(backend, rdv, store=store, close=lambda: _leave(backend))
 
 
 def _timeout(env_var: str, default_s: float) -> datetime.timedelta:
@@ -64,8 +75,9 @@ def _check_adopted(dist: Any, rdv: Rendezvous) -> None:
         )
 
 
-def _form_group(rdv: Rendezvous, requested: str | None) -> Any:
-    """Meet at the store, check in, and form the default process group; returns the store."""
+def _form_group(rdv: Rendezvous, requested: str | None) -> tuple[Any, Any, str]:
+    """Meet at the store, check in, and form the default process group; returns the
+    store, the ring's view of it (under this generation's prefix) and that prefix."""
     import torch.distributed as dist
 
     from . import _iface
@@ -99,7 +111,17 @@ def _form_group(rdv: Rendezvous, requested: str | None) -> Any:
             f"if peers cannot reach it, set {cfg.IFACE_ENV_VAR} to the interface that "
             "reaches the other hosts, and let TCP between the hosts through (docs/cluster.md)."
         ) from exc
-    return store
+    return store, prefixed, prefix
+
+
+def _leave(backend: Any) -> None:
+    """Leave the ring: the host's shared-memory group (if any), then the process group."""
+    try:
+        close = getattr(backend, "close", None)
+        if close is not None:
+            close()
+    finally:
+        _destroy_group()
 
 
 def _destroy_group() -> None:
