@@ -69,6 +69,7 @@ def test_a_fixture_renders_provenance_table_and_targets(tmp_path):
     assert "commit `0123456789` (dirty tree)" in text and "5 rounds" in text
     assert "load 0.50 -> 1.25" in text and "torch 2.13.0" in text and "ray" not in text
     assert "every check passed" in text
+    assert "busy" not in text  # load 0.5 before the run on 2 cores: quiet
     assert "| op | peer | ms |\n|---|---|---|\n| allreduce 4 KB | ours | 2.1 (2-3) |" in text
     assert "- t met: 0.2, met\n" in text
     assert "- t missed: 0.93, **missed** — same Gloo call" in text
@@ -137,3 +138,9 @@ def test_the_provenance_says_what_data_plane_ours_held():
     plain = {"backend": "gloo", "backend_class": "X", "shm": []}
     text = bench_tables.render("demo", {**FIXTURE, "data_plane_per_rank": [shm, plain]})
     assert "ours held a shared-memory group on 1 of 2 ranks" in text
+
+
+def test_a_run_on_a_busy_machine_is_marked_as_such():
+    busy = _variant(**{"environment.machine.load_before": [3.5, 1.0, 0.5]})
+    text = bench_tables.render("demo", busy)
+    assert "The machine was busy before the run (1-min load 3.50 on 2 cores)" in text

@@ -59,12 +59,19 @@ def _provenance(name: str, data: dict[str, Any]) -> str:
     if planes:  # what the engine held, beside what RING_SHM asked for
         held = sum(1 for p in planes if p.get("shm"))
         versions += f"; ours held a shared-memory group on {held} of {len(planes)} ranks"
+    # the load before the run: the one after includes the benchmark's own processes
+    busy = (
+        f" **The machine was busy before the run (1-min load {m['load_before'][0]:.2f} on "
+        f"{m['cores']} cores): rerun on a quiet one before trusting these figures.**"
+        if m["load_before"][0] > BUSY_LOAD_PER_CORE * m["cores"]
+        else ""
+    )
     return (
         f"`bench/results/{name}.json`: commit `{env['commit'][:10]}`"
         f"{' (dirty tree)' if env['dirty'] else ''}, {env['started']}, "
         f"{data['rounds']} rounds{' (--quick)' if data['quick'] else ''}, "
         f"{m['cores']} cores ({m['cpu_model']}), {load}; RING_SHM "
-        f"{'set' if env.get('RING_SHM') else 'unset'}; {versions}; {checks}."
+        f"{'set' if env.get('RING_SHM') else 'unset'}; {versions}; {checks}.{busy}"
     )
 
 
@@ -76,6 +83,7 @@ def _target_line(t: dict[str, Any]) -> str:
 
 
 MIN_ROUNDS = 5  # bench/_common.py's
+BUSY_LOAD_PER_CORE = 0.5  # a 1-min load before the run above this per core: noisy figures
 
 
 def validate(name: str, data: dict[str, Any]) -> None:
