@@ -45,7 +45,7 @@ import torch
 from . import _config as cfg
 from ._errors import RendezvousError
 from ._ops import ReduceOp
-from ._shm import ShmGroup
+from ._shm import DEFAULT_SLOT_BYTES, ShmGroup
 from ._shm_reduce import DTYPES
 from ._shm_segment import SHM_ENV_VAR, shm_enabled
 from ._topology import Topology
@@ -194,6 +194,7 @@ def join(inner: Any, store: Any, prefix: str, topo: Topology, timeout_s: float) 
         the_plan.local.index(topo.rank),
         len(the_plan.local),
         timeout_s=timeout_s,
+        slot_bytes=ShmBackend.slot_bytes,
     )
     try:
         # every rank must agree: a host without room keeps the whole job on the network
@@ -213,7 +214,10 @@ def join(inner: Any, store: Any, prefix: str, topo: Topology, timeout_s: float) 
 class ShmBackend:
     """``inner`` (the network backend) with the whole-world CPU collectives of this
     host's ranks (flat) or the allreduce across hosts (hierarchical) done through
-    ``shm``. Called from the engine's thread only."""
+    ``shm``. Called from the engine's thread only. ``slot_bytes``: the group's slot
+    size (a seam: tests shrink it so that small tensors span several chunks)."""
+
+    slot_bytes = DEFAULT_SLOT_BYTES
 
     def __init__(self, inner: Any, shm: ShmGroup, plan_: Plan, cross_group: Any = None) -> None:
         self.inner = inner
