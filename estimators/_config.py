@@ -29,6 +29,8 @@ from ._callbacks import check_callbacks
 from ._checks import check_config
 from ._columns import check_columns, label_kinds
 from ._frameworks import framework_of, get_framework
+from ._knobs import TrainingKnobs, resolve_knobs
+from ._lightning import lightning_values
 from ._runs import run_params, run_to_use
 from ._store import Store, default_store
 
@@ -67,6 +69,7 @@ class FitConfig:
     use_gpu: bool  # resolved: the use_gpu param, or whether CUDA is present
     run_params: dict[str, Any] = field(default_factory=dict)  # what it trains (_runs.py)
     label_kinds: list[str] | None = None  # per label column, as in the DataFrame (_columns)
+    knobs: TrainingKnobs = field(default_factory=lambda: TrainingKnobs())  # _knobs.py
 
 
 def _check_positive(name: str, value: Any, setter: str, optional: bool = False) -> None:
@@ -84,10 +87,22 @@ def _check_model(est: Any) -> str:
     if model is None:
         raise ValueError("model is not set; pass the model to train with setModel(...).")
     framework = framework_of(model)
-    get_framework(framework).check_params(
-        model, est.getOptimizer(), est.getLoss(), est.getMetrics()
-    )
+    get_framework(framework).check_params(model, est.getOptimizer(), _loss(est), est.getMetrics())
     return framework
+
+
+def _loss(est: Any) -> Any:
+    """The loss param, or (Horovod's ``loss_constructors``) the first one constructed."""
+    makers = est.getLossConstructors()
+    if est.getLoss() is not None or not makers:
+        return est.getLoss()
+    try:
+        return makers[0]()
+    except Exception as exc:
+        raise ValueError(
+            f"loss_constructors[0] raised {type(exc).__name__}: {exc}; each takes no arguments "
+            "and returns a loss fn(output, label). Fix it and pass it with setLossConstructors."
+        ) from exc
 
 
 def _check_columns(est: Any, schema: StructType) -> None:
@@ -210,6 +225,7 @@ def resolve_config(est: Any, df: DataFrame | None, spark: SparkSession | None = 
     store = _resolve_store(est)
     num_proc = est.getNumProc()
     parallelism = default_num_proc(spark) if spark is not None and num_proc is None else 1
+    use_gpu = _resolve_use_gpu(est.getUseGpu())
     cfg = FitConfig(
         framework=framework,
         model=est.getModel(),
@@ -238,10 +254,13 @@ def resolve_config(est: Any, df: DataFrame | None, spark: SparkSession | None = 
         inmemory_cache_all=est.getInmemoryCacheAll(),
         backward_passes_per_step=est.getBackwardPassesPerStep(),
         callbacks=list(est.getCallbacks()),
-        use_gpu=_resolve_use_gpu(est.getUseGpu()),
+        use_gpu=use_gpu,
         label_kinds=label_kinds(df.schema, est.getLabelCols()) if df is not None else None,
+        knobs=resolve_knobs(est, framework, use_gpu),
     )
-    params = run_params(cfg, df)  # a run_id holding another fit's checkpoint is not resumed
+    # a run_id holding another fit's checkpoint is not resumed; trainer_args (Lightning's
+    # precision, clipping, ...) change what is trained, so they count too
+    params = run_params(cfg, df, lightning_values(est)["trainer_args"])
     cfg = replace(cfg, run_id=run_to_use(store, cfg.run_id, params), run_params=params)
     check_config(cfg)  # pickling, a writable store, a reused run_id (_checks.py)
     return cfg

@@ -20,12 +20,14 @@
 from __future__ import annotations
 
 import copy
+import os
 import posixpath
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator
+from pyspark.ml.util import MLReadable, MLWritable
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_runner import is_connect
@@ -46,6 +48,7 @@ from ._params import (
     with_horovod_params,
     with_params,
 )
+from ._persistence import RingEstimatorReader, RingEstimatorWriter
 from ._prepare import PreparedData, check_parquet_columns, describe_parquet, prepare_data
 from ._report import HistoryPrinter
 from ._store import TRAIN_DATA, VAL_DATA, Store
@@ -93,6 +96,21 @@ def _horovod_paths(store: Store, dataset_idx: int | None) -> tuple[str, str | No
     return train, (val if store.exists(val) else None)
 
 
+def _with_env(fn: Callable[..., Any], env: dict[str, str], *args: Any) -> Any:
+    """Run ``fn(*args)`` with ``env`` in ``os.environ``, restored afterwards (Spark reuses
+    its Python workers)."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        return fn(*args)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _parquet_call(
     train_path: str | dict | None, val_path: str | int | None, params: dict | None, idx: Any
 ) -> tuple[str | None, str | None, dict | None, int | None]:
@@ -118,7 +136,7 @@ def _parquet_call(
 
 @with_horovod_params(HOROVOD_ONLY_PARAMS)
 @with_params(ESTIMATOR_PARAMS)
-class RingEstimator(EstimatorAccessors, Estimator):
+class RingEstimator(EstimatorAccessors, Estimator, MLWritable, MLReadable["RingEstimator"]):
     """Train a torch ``nn.Module``, a LightningModule or a Keras model on a Spark
     DataFrame with ``num_proc`` workers.
 
@@ -168,6 +186,23 @@ class RingEstimator(EstimatorAccessors, Estimator):
         terminate_on_nan: bool = False,
         profiler: Any = None,
         use_gpu: bool | None = None,
+        loss_weights: float | Sequence[float] | None = None,
+        loss_constructors: Any = None,
+        train_minibatch_fn: Callable[..., Any] | None = None,
+        gradient_compression: Any = "none",
+        lr_scheduler: Any = None,
+        lr_scheduler_interval: str = "epoch",
+        precision: str | int = "32",
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str = "norm",
+        monitor: str = "val_loss",
+        monitor_mode: str = "min",
+        early_stopping_patience: int | None = None,
+        early_stopping_min_delta: float = 0.0,
+        restore_best_weights: bool = True,
+        backend_env: dict[str, str] = {},  # noqa: B006 (a dict: the table default)
+        custom_objects: dict[str, Any] = {},  # noqa: B006 (a dict: the table default)
+        tensorflow_dataset_prefetch_buffer_size: int = 1,
         **horovod_params: Any,
     ) -> None:
         """Every param of ``ESTIMATOR_PARAMS`` as a keyword (its doc: ``explainParams()``),
@@ -177,6 +212,17 @@ class RingEstimator(EstimatorAccessors, Estimator):
         ringtrain way (``HOROVOD_ONLY_PARAMS``); an unknown name raises TypeError."""
         super().__init__()
         init_params(self, ESTIMATOR_PARAMS, self.__dict__.pop("_input_kwargs"))
+
+    def write(self) -> RingEstimatorWriter:
+        """Spark ML persistence of this (unfitted) estimator: ``est.save(path)``, or a
+        ``Pipeline`` holding it; params that are not plain data (model, optimizer, loss,
+        callbacks, ...) are cloudpickled. ``RingEstimator.load(path)`` runs pickled
+        code: load only what you trust."""
+        return RingEstimatorWriter(self)
+
+    @classmethod
+    def read(cls) -> RingEstimatorReader:
+        return RingEstimatorReader(cls)
 
     def setParams(self, **kwargs: Any) -> RingEstimator:
         """Set several params at once, as the constructor's keywords (Horovod's ``setParams``)."""
@@ -254,6 +300,8 @@ class RingEstimator(EstimatorAccessors, Estimator):
         framework = get_framework(cfg.framework)
         framework.check_prepared(cfg, data)
         fn, args = framework.worker(cfg, data)
+        if cfg.knobs.backend_env:  # Horovod's backend_env: set in every worker for the fit
+            fn, args = _with_env, (fn, dict(cfg.knobs.backend_env), *args)
         with HistoryPrinter(cfg.store, cfg.run_id, cfg.epochs, enabled=cfg.verbose >= 1) as printer:
             history = launch(self.launcher, fn, args, cfg)[0]  # explains store failures
             printer.finish(history)

@@ -23,7 +23,7 @@ import copy
 import io
 import posixpath
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import cloudpickle
@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from ._frameworks import TORCH, Predictor
+from ._knobs import scheduler_payload
 from ._metrics import resolve_metrics
 from ._predict_torch import torch_predictor
 from ._spec import data_spec_fields
@@ -66,7 +67,10 @@ class TorchFramework:
         # map_location: a checkpoint of an older run may hold CUDA tensors; the driver may have no GPU
         checkpoint = torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu")
         model = copy.deepcopy(cfg.model)
-        model.load_state_dict(checkpoint["model"])
+        best = checkpoint.get("best")
+        knobs = getattr(cfg, "knobs", None)
+        restore_best = knobs is not None and knobs.restore_best_weights and best is not None
+        model.load_state_dict(best["model"] if restore_best else checkpoint["model"])
         model.eval()
         return model
 
@@ -125,6 +129,12 @@ def train_spec(cfg: Any, data: Any, lightning: bool) -> TrainSpec:
     """The :class:`TrainSpec` of a fit of ``cfg`` on ``data`` (``lightning``: the model
     brings its own ``configure_optimizers`` / ``training_step``)."""
     optimizer_cls = type(cfg.optimizer) if cfg.optimizer is not None else None
+    knobs = cfg.knobs
+    loop_objects = (
+        knobs.loss_constructors,
+        scheduler_payload(knobs.lr_scheduler),
+        knobs.train_minibatch_fn,
+    )
     return TrainSpec(
         user_objects=cloudpickle.dumps(
             (cfg.model, optimizer_cls, cfg.loss, cfg.metrics, cfg.callbacks)
@@ -135,6 +145,9 @@ def train_spec(cfg: Any, data: Any, lightning: bool) -> TrainSpec:
         lightning=lightning,
         use_gpu=cfg.use_gpu,
         inmemory_cache_all=cfg.inmemory_cache_all,
+        # the callables travel in loop_objects (cloudpickle), the plain values in knobs
+        knobs=replace(knobs, loss_constructors=None, lr_scheduler=None, train_minibatch_fn=None),
+        loop_objects=cloudpickle.dumps(loop_objects) if any(loop_objects) else b"",
     )
 
 

@@ -1,5 +1,4 @@
-"""LightningModule helpers: the Lightning-only params, and the pieces of the torch loop's
-Trainer-less path.
+"""LightningModule helpers: the Lightning-only params, and what the Trainer path shares.
 
 **The Lightning-only params** (:data:`LIGHTNING_PARAMS`: ``trainer_args``, ``logger``,
 ``log_every_n_steps``, ``terminate_on_nan``, ``profiler``, each with the value that
@@ -10,20 +9,10 @@ carries them on the fit's config (``_framework_lightning.lightning_config``); fo
 other model one of them set raises, naming it, its value and the fix. It imports
 neither Lightning nor the Lightning framework module for a torch or Keras model.
 
-**The Trainer-less path.** Before the estimators fitted a LightningModule under a real
-Trainer, the torch loop (``_train_torch.train`` with ``TrainSpec(lightning=True)``)
-called the module's own methods; that path is still there and uses these helpers:
-
-- ``configure_optimizers()`` → one optimizer (alone, in a list, ``([opt], [sched])``
-  or ``{"optimizer": opt, "lr_scheduler": sched | {"scheduler": sched, "interval":
-  "epoch" | "step"}}``) (:func:`lightning_optimizer`);
-- ``training_step`` / ``validation_step`` → the loss (:func:`step_loss`);
-- the module's own hooks called by name (:func:`call_hook`);
-- ``self.log`` / ``self.log_dict`` recorded by a :class:`LogRecorder` (weighted sums per
-  name and phase; their per-row means over every rank enter the history as
-  ``train_<name>`` / ``val_<name>``). The Trainer path records ``self.log`` into a
-  :class:`LogRecorder` too, beside Lightning's own logging, so both give the same
-  history names.
+**Shared with the Trainer path**: a :class:`LogRecorder` records ``self.log`` /
+``self.log_dict`` (weighted sums per name and phase; their per-row means over every
+rank enter the history as ``train_<name>`` / ``val_<name>``), and :func:`overrides`
+tells whether a module defines one of its hooks.
 """
 
 from __future__ import annotations
@@ -39,14 +28,10 @@ __all__ = [
     "LIGHTNING_PARAMS",
     "RESERVED_TRAINER_ARGS",
     "LogRecorder",
-    "attach_recorder",
-    "call_hook",
     "check_reserved_trainer_args",
-    "lightning_optimizer",
     "lightning_values",
     "overrides",
     "refuse_lightning_params",
-    "step_loss",
     "with_lightning_params",
 ]
 
@@ -150,74 +135,7 @@ class LogRecorder:
         return {k: np.asarray(v, dtype=np.float64) for k, v in sums.items()}
 
 
-def attach_recorder(module: Any) -> LogRecorder:
-    recorder = LogRecorder()
-    module.log = recorder.log  # instance attributes shadow the methods
-    module.log_dict = recorder.log_dict
-    return recorder
-
-
-def _one(value: Any, what: str) -> Any:
-    if isinstance(value, (list, tuple)):
-        if len(value) != 1:
-            raise ValueError(
-                f"configure_optimizers() returned {len(value)} {what}s; ringtrain trains with "
-                "one optimizer (and at most one scheduler). Return one, or train a plain "
-                "torch.nn.Module with the optimizer param."
-            )
-        return value[0]
-    return value
-
-
-def lightning_optimizer(module: Any) -> tuple[torch.optim.Optimizer, Any, str]:
-    """``(optimizer, scheduler or None, "epoch" | "step")`` from ``configure_optimizers()``."""
-    result = module.configure_optimizers()
-    scheduler: Any = None
-    if isinstance(result, dict):
-        optimizer, scheduler = result.get("optimizer"), result.get("lr_scheduler")
-    elif (
-        isinstance(result, (list, tuple))
-        and len(result) == 2
-        and all(isinstance(r, (list, tuple)) for r in result)
-    ):
-        optimizer, scheduler = _one(result[0], "optimizer"), _one(result[1], "scheduler")
-        if scheduler is not None and not result[1]:
-            scheduler = None
-    else:
-        optimizer = _one(result, "optimizer")
-    interval = "epoch"
-    if isinstance(scheduler, dict):
-        interval = scheduler.get("interval", "epoch")
-        scheduler = scheduler.get("scheduler")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise ValueError(
-            f"configure_optimizers() of {type(module).__name__} gave "
-            f"{type(optimizer).__name__}, not a torch.optim.Optimizer; return one optimizer "
-            "(optionally with a scheduler)."
-        )
-    if interval not in ("epoch", "step"):
-        raise ValueError(f"lr_scheduler interval must be 'epoch' or 'step', got {interval!r}")
-    return optimizer, scheduler, interval
-
-
-def step_loss(result: Any, method: str) -> torch.Tensor | None:
-    """The loss in what ``training_step`` / ``validation_step`` returned."""
-    if isinstance(result, dict):
-        result = result.get("loss")
-    if result is None or isinstance(result, torch.Tensor):
-        return result
-    raise ValueError(
-        f"{method} returned {type(result).__name__}; return the loss tensor or {{'loss': tensor}}."
-    )
-
-
 def overrides(module: Any, method: str) -> bool:
     """Whether ``module``'s class defines ``method`` over ``LightningModule``'s own."""
     base = next(c for c in type(module).__mro__ if c.__name__ == "LightningModule")
     return getattr(type(module), method, None) is not getattr(base, method, None)
-
-
-def call_hook(module: Any, name: str) -> None:
-    hook = getattr(module, name, None)
-    if callable(hook):
-        hook()

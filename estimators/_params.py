@@ -120,6 +120,84 @@ def _to_trainer_args(value: Any) -> dict[str, Any]:
     return dict(value)
 
 
+def _to_floats(value: Any) -> list[float]:
+    """A number or a list of numbers (one per label column) → a list of floats."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [float(value)]
+    return TypeConverters.toListFloat(value)
+
+
+def _to_callables(value: Any) -> list[Any]:
+    items = [value] if callable(value) else TypeConverters.toList(value)
+    for item in items:
+        if not callable(item):
+            raise TypeError(f"expected callables (one per label column), got {item!r}")
+    return list(items)
+
+
+def _to_float(value: Any) -> float:
+    return TypeConverters.toFloat(value)
+
+
+GRADIENT_COMPRESSIONS = ("none", "fp16")
+
+
+def _to_compression(value: Any) -> str:
+    """Horovod's ``Compression.none`` / ``Compression.fp16`` (or their names) → the name."""
+    name = value if isinstance(value, str) else getattr(value, "__name__", None)
+    if isinstance(value, type) and name is not None:
+        name = {"NoneCompressor": "none", "FP16Compressor": "fp16"}.get(name, name)
+    if name not in GRADIENT_COMPRESSIONS:
+        from ringcore.torch import Compression
+
+        for known in GRADIENT_COMPRESSIONS:
+            if value is getattr(Compression, known):
+                return known
+        raise ValueError(
+            f"gradient_compression takes Compression.none or Compression.fp16 (ringcore.torch) "
+            f"or their names 'none' / 'fp16', got {value!r}."
+        )
+    return name
+
+
+PRECISIONS = {
+    "32": "32",
+    "32-true": "32",
+    "bf16": "bf16",
+    "bf16-mixed": "bf16",
+    "16": "16",
+    "16-mixed": "16",
+}
+
+
+def _to_precision(value: Any) -> str:
+    """``"32"`` | ``"bf16"`` | ``"16"`` (Lightning's spellings ``"bf16-mixed"``, ``16`` too)."""
+    key = str(value)
+    if key not in PRECISIONS:
+        raise ValueError(
+            f"precision takes '32', 'bf16' or '16' (also Lightning's 'bf16-mixed', '16-mixed'), "
+            f"got {value!r}."
+        )
+    return PRECISIONS[key]
+
+
+def _to_env(value: Any) -> dict[str, str]:
+    """Environment variables for the workers: a dict of names to string values."""
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise TypeError(
+            f"backend_env takes a dict of str to str (variable -> value), got {value!r}"
+        )
+    return dict(value)
+
+
+def _to_dict(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a dict of name -> object, got {type(value).__name__}")
+    return dict(value)
+
+
 def _to_history(value: Any) -> list[dict[str, Any]]:
     return [dict(entry) for entry in value]
 
@@ -156,6 +234,13 @@ _CONVERTER_TYPES: dict[Callable[[Any], Any], tuple[str, str]] = {
     _to_history: ("Sequence[dict[str, Any]]", "list[dict[str, Any]]"),
     _to_trainer_args: ("dict[str, Any]", "dict[str, Any]"),
     _to_label_kinds: ("str | Sequence[str]", "list[str]"),
+    _to_floats: ("float | Sequence[float]", "list[float]"),
+    _to_callables: ("Any", "list[Any]"),
+    _to_float: ("float", "float"),
+    _to_compression: ("Any", "str"),
+    _to_precision: ("str | int", "str"),
+    _to_env: ("dict[str, str]", "dict[str, str]"),
+    _to_dict: ("dict[str, Any]", "dict[str, Any]"),
 }
 
 
@@ -193,6 +278,23 @@ ESTIMATOR_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("terminate_on_nan", _bool, False, "lightning: a non-finite training loss fails the fit"),
     ParamSpec("profiler", _any, None, "lightning: the Trainer's profiler ('simple', 'advanced' or a lightning Profiler)"),
     ParamSpec("use_gpu", _bool, None, "train and predict on the task's GPU (NCCL between GPUs); default: when CUDA is present"),
+    ParamSpec("loss_weights", _to_floats, None, "torch: per label column, the weight of its loss in the sum (Horovod's loss_weights); default: 1 each"),
+    ParamSpec("loss_constructors", _to_callables, None, "torch: per label column (or one for all), a function of no arguments returning its loss, called on every worker (Horovod's); instead of loss"),
+    ParamSpec("train_minibatch_fn", _to_callable, None, "torch: Horovod's train_minibatch(model, optimizer, transform_outputs, loss_fn, inputs, labels, sample_weights, backward_passes_per_step, batch_idx) -> (outputs, loss), doing the forward, backward and optimizer steps of one batch"),
+    ParamSpec("gradient_compression", _to_compression, "none", "torch: gradients on the wire: 'none' or 'fp16' (or ringcore.torch.Compression.none / .fp16)"),
+    ParamSpec("lr_scheduler", _any, None, "torch: a torch.optim.lr_scheduler built on the optimizer, or fn(optimizer) -> scheduler; rebuilt on every worker's optimizer"),
+    ParamSpec("lr_scheduler_interval", _str, "epoch", "torch: lr_scheduler.step() after every 'epoch' or every optimizer 'step'; ReduceLROnPlateau gets the monitor metric each epoch"),
+    ParamSpec("precision", _to_precision, "32", "torch: '32'; 'bf16': forward and loss under torch.autocast(bfloat16) (CPU or GPU); '16': float16 autocast with a GradScaler (GPU only)"),
+    ParamSpec("gradient_clip_val", _to_float, None, "torch: clip the averaged gradients before each optimizer step to this norm (or value); default: no clipping"),
+    ParamSpec("gradient_clip_algorithm", _str, "norm", "torch: 'norm' (clip_grad_norm_) or 'value' (clip_grad_value_)"),
+    ParamSpec("monitor", _str, "val_loss", "torch: the history metric early stopping and restore_best_weights watch, e.g. 'val_loss', 'val_accuracy'"),
+    ParamSpec("monitor_mode", _str, "min", "torch: 'min' or 'max': whether a lower or a higher monitor is better"),
+    ParamSpec("early_stopping_patience", _int, None, "torch: stop (every rank at once) after this many epochs without the monitor improving by early_stopping_min_delta; default: no early stopping"),
+    ParamSpec("early_stopping_min_delta", _to_float, 0.0, "torch: the least change of the monitor that counts as an improvement"),
+    ParamSpec("restore_best_weights", _bool, True, "torch: the returned model has the weights of the epoch with the best monitor (when the history has it); False: the last epoch's"),
+    ParamSpec("backend_env", _to_env, {}, "environment variables set in every worker process for the fit (Horovod's backend_env)"),
+    ParamSpec("custom_objects", _to_dict, {}, "keras: custom layers, losses and metrics by name, for loading the model on the workers and the driver (Horovod's)"),
+    ParamSpec("tensorflow_dataset_prefetch_buffer_size", _int, 1, "keras: batches the workers' tf.data pipeline prefetches; 0: none"),
 )
 
 MODEL_PARAMS: tuple[ParamSpec, ...] = (
@@ -312,18 +414,10 @@ def _num_gpus(value: Any) -> dict[str, Any]:
     )
 
 
-def _no_compression(value: Any) -> bool:
-    from ringcore.torch import Compression
-
-    return value is Compression.none
-
-
 # fmt: off
 HOROVOD_ONLY_PARAMS: tuple[HorovodParam, ...] = (
     HorovodParam("backend", "RingEstimator always launches its workers as one Spark barrier stage of the active SparkSession (spark_runner.run); size it with num_proc instead of a SparkBackend"),
-    HorovodParam("gradient_compression", "RingEstimator's loop sends uncompressed gradients; for fp16 compression write the loop yourself with ringcore.torch.DistributedOptimizer(compression=Compression.fp16) under spark_runner.run", inert=(None, "none")),
     HorovodParam("compress_sparse_cols", "SparseVector columns are written dense (as arrays); there is no compressed sparse format to choose", inert=(None, False)),
-    HorovodParam("loss_weights", "not offered: with several label columns the outputs' losses are summed with weight 1 each; for other weights, train a LightningModule whose training_step weighs them"),
     HorovodParam("continuous_cols", "list every input column in feature_cols (the model gets them in that order)"),
     HorovodParam("categorical_cols", "list every input column in feature_cols (the model gets them in that order)"),
     HorovodParam("val_reader_num_workers", "validation data is read by one reader per process; train_reader_num_workers sets the training reader's threads"),
@@ -335,13 +429,8 @@ HOROVOD_ONLY_PARAMS: tuple[HorovodParam, ...] = (
     HorovodParam("label_shapes", "labels keep the shape they have in the DataFrame; reshape them in the loss or in transformation_fn"),
     HorovodParam("input_shapes", "the features' shapes are read from the data, so there is nothing to declare; drop it"),
     HorovodParam("mp_start_method", "the workers are Spark tasks, not multiprocessing children; there is no start method to choose"),
-    HorovodParam("tensorflow_dataset_prefetch_buffer_size", "the Keras loop reads Parquet through ringcore.data, not a tf.data pipeline; there is no prefetch buffer to size", inert=(None, 0)),
     HorovodParam("data_module", "choose the reader with reader='petastorm' | 'arrow' | 'auto'; custom data modules are not offered"),
-    HorovodParam("loss_constructors", "pass the loss itself, e.g. loss=torch.nn.MSELoss()"),
-    HorovodParam("train_minibatch_fn", "customise a training step with a LightningModule's training_step, or with callbacks (on_batch_end)"),
-    HorovodParam("custom_objects", "RingEstimator saves Keras models as .keras files; register custom layers with keras.saving.register_keras_serializable", inert=(None, {})),
     HorovodParam("checkpoint_callback", "RingEstimator checkpoints every epoch into the store (<store>/runs/<run_id>/checkpoint) and resumes a run_id from there; drop it"),
-    HorovodParam("backend_env", "set the executors' environment in the Spark conf (spark.executorEnv.NAME=value) when you create the SparkSession", inert=(None, {"LIBHDFS_OPTS": "-Xms2048m -Xmx2048m"})),
     HorovodParam("num_gpus", "use use_gpu=True or False", alias=_num_gpus),
     HorovodParam("loader_num_epochs", "each epoch reads the shard once; there is no loader epoch count to set"),
     HorovodParam("debug_data_loader", "not offered; inspect batches with transformation_fn", inert=(None, False)),
@@ -354,8 +443,6 @@ _HOROVOD_BY_NAME = {p.name: p for p in HOROVOD_ONLY_PARAMS}
 
 
 def _inert(spec: HorovodParam, value: Any) -> bool:
-    if spec.name == "gradient_compression" and _no_compression(value):
-        return True
     try:
         return any(value is v or value == v for v in spec.inert)
     except Exception:  # a value whose == does not give a bool (an array)

@@ -38,9 +38,11 @@ Connect session is refused before anything is written.
 
 from __future__ import annotations
 
+import json
 import posixpath
 from typing import TYPE_CHECKING, Any
 
+import cloudpickle
 import fsspec
 import pyspark
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
@@ -53,7 +55,7 @@ from ._store import Store
 if TYPE_CHECKING:
     from ._model import RingModel
 
-__all__ = ["RingModelReader", "RingModelWriter"]
+__all__ = ["RingEstimatorReader", "RingEstimatorWriter", "RingModelReader", "RingModelWriter"]
 
 FORMAT_VERSION = 1
 _JSON_PARAMS = (
@@ -198,6 +200,105 @@ class RingModelReader(MLReader["RingModel"]):
             )
         module = get_framework(kind).load_model(path)
         instance = self.cls(model=module, **params)
+        if store is not None:
+            instance.setStore(Store.create(store))
+        instance._resetUid(metadata["uid"])
+        return instance
+
+
+# --- the unfitted estimator --------------------------------------------------------------------
+
+ESTIMATOR_FORMAT_VERSION = 1
+_OBJECTS_FILE = "objects.pkl"
+
+
+def _json_able(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _pickled_params(est: Any, names: list[str]) -> bytes:
+    """The params in ``names``, cloudpickled together (the optimizer and an lr_scheduler
+    keep pointing at the model's parameters); an unpicklable one is named."""
+    values = {name: est.getOrDefault(name) for name in names}
+    try:
+        return cloudpickle.dumps(values)
+    except Exception:
+        for name, value in values.items():
+            try:
+                cloudpickle.dumps(value)
+            except Exception as exc:
+                setter = "set" + "".join(p[:1].upper() + p[1:] for p in name.split("_"))
+                raise ValueError(
+                    f"{name} ({type(value).__name__}) cannot be pickled, so the estimator cannot "
+                    f"be saved: {type(exc).__name__}: {exc}. Keep unpicklable state (locks, "
+                    f"threads, open files, a SparkSession) out of it, then pass it again with "
+                    f"{setter}(...), or unset it before saving."
+                ) from exc
+        raise
+
+
+class RingEstimatorWriter(MLWriter):
+    """Writes an unfitted ``RingEstimator``: ``<path>/metadata/`` (Spark ML's JSON: the
+    params that are plain data, the store's prefix) and ``<path>/objects.pkl``
+    (cloudpickle of the others: model, optimizer, loss, callbacks, lr_scheduler, ...).
+    Loading runs pickled code: load only estimators you trust."""
+
+    def __init__(self, instance: Any):
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        if is_connect(self.sparkSession):
+            _check_connect_persistence("save")
+        est = self.instance
+        set_names = [p.name for p in est.params if est.isSet(p)]
+        params: dict[str, Any] = {}
+        pickled = []
+        for name in set_names:
+            value = est.getOrDefault(name)
+            if name == "store":
+                params[name] = value.prefix_path if value is not None else None
+            elif _json_able(value):
+                params[name] = value
+            else:
+                pickled.append(name)
+        data = _pickled_params(est, pickled)
+        extra = {"ringtrain": {"format": ESTIMATOR_FORMAT_VERSION, "pickled": pickled}}
+        DefaultParamsWriter.saveMetadata(
+            est, path, _metadata_context(self.sparkSession), extraMetadata=extra, paramMap=params
+        )
+        with fsspec.open(posixpath.join(path.rstrip("/"), _OBJECTS_FILE), "wb") as f:
+            f.write(data)
+
+
+class RingEstimatorReader(MLReader[Any]):
+    """Reads what :class:`RingEstimatorWriter` wrote (``RingEstimator.load(path)``,
+    ``Pipeline.load`` of a pipeline holding one)."""
+
+    def __init__(self, cls: type):
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str) -> Any:
+        if is_connect(self.sparkSession):
+            _check_connect_persistence("load")
+        metadata = DefaultParamsReader.loadMetadata(path, _metadata_context(self.sparkSession))
+        version = metadata.get("ringtrain", {}).get("format")
+        if version != ESTIMATOR_FORMAT_VERSION:
+            raise ValueError(
+                f"{path} holds a RingEstimator of format {version!r}; this ringtrain reads "
+                f"format {ESTIMATOR_FORMAT_VERSION}. Load it with the ringtrain that saved it."
+            )
+        params = dict(metadata["paramMap"])
+        store = params.pop("store", None)
+        with fsspec.open(posixpath.join(path.rstrip("/"), _OBJECTS_FILE), "rb") as f:
+            params.update(cloudpickle.loads(f.read()))
+        instance = self.cls()
+        instance._set(**params)
         if store is not None:
             instance.setStore(Store.create(store))
         instance._resetUid(metadata["uid"])

@@ -50,8 +50,42 @@ def _describe(value: Any) -> Any:
     return f"{type(value).__qualname__}:{_ADDRESS.sub('', repr(value))}"
 
 
-def run_params(cfg: Any, df: Any = None) -> dict[str, Any]:
-    """What a fit of ``cfg`` on ``df`` (None: Parquet already in the store) trains."""
+# the knobs (``_knobs.TrainingKnobs``) that change what is learned; not the ones that only
+# change what is kept or reported (restore_best_weights, backend_env, ...)
+_TRAINING_KNOBS = (
+    "loss_weights",
+    "loss_constructors",
+    "train_minibatch_fn",
+    "gradient_compression",
+    "lr_scheduler",
+    "lr_scheduler_interval",
+    "precision",
+    "gradient_clip_val",
+    "gradient_clip_algorithm",
+    "monitor",
+    "monitor_mode",
+    "early_stopping_patience",
+    "early_stopping_min_delta",
+)
+
+
+def _describe_scheduler(value: Any) -> Any:
+    """A scheduler by class and settings (its state but the optimizer and counters)."""
+    state = getattr(value, "__dict__", None)
+    if state is None or not hasattr(value, "optimizer"):
+        return _describe(value)
+    skip = {"optimizer", "last_epoch", "_step_count", "_last_lr", "_get_lr_called_within_step"}
+    return {
+        "class": type(value).__qualname__,
+        "settings": {k: _describe(v) for k, v in sorted(state.items()) if k not in skip},
+    }
+
+
+def run_params(
+    cfg: Any, df: Any = None, trainer_args: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """What a fit of ``cfg`` on ``df`` (None: Parquet already in the store) trains;
+    ``trainer_args``: a LightningModule's Trainer arguments (precision, clipping, ...)."""
     params = {
         name: _describe(getattr(cfg, name))
         for name in (
@@ -71,6 +105,15 @@ def run_params(cfg: Any, df: Any = None) -> dict[str, Any]:
             "backward_passes_per_step",
         )
     }
+    knobs = getattr(cfg, "knobs", None)
+    if knobs is not None:
+        for name in _TRAINING_KNOBS:
+            value = getattr(knobs, name)
+            params[name] = (
+                _describe_scheduler(value) if name == "lr_scheduler" else _describe(value)
+            )
+    if trainer_args:
+        params["trainer_args"] = {k: _describe(v) for k, v in sorted(trainer_args.items())}
     if df is not None:
         params["data"] = (
             f"{df.semanticHash()}:{hashlib.sha256(df.schema.json().encode()).hexdigest()[:16]}"

@@ -21,7 +21,7 @@ import os
 import shutil
 import time
 from collections.abc import Generator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import cloudpickle
@@ -32,14 +32,8 @@ import ringcore.torch as hvd
 from ringcore.data import make_reader, read_shard
 
 from ._callbacks import CallbackList
-from ._lightning import (
-    LogRecorder,
-    attach_recorder,
-    call_hook,
-    lightning_optimizer,
-    overrides,
-    step_loss,
-)
+from ._knobs import TrainingKnobs, best_and_wait, build_scheduler, is_plateau
+from ._lightning import LogRecorder
 from ._metrics import resolve_metrics
 from ._spec import DataSpec, writer
 
@@ -53,9 +47,11 @@ class TrainSpec(DataSpec):
     user_objects: bytes  # cloudpickle of (model, optimizer class, loss, metrics)
     optimizer_groups: list[list[int]]  # per param group: indices into model.parameters()
     optimizer_state: dict[str, Any]  # the driver optimizer's state_dict()
-    lightning: bool = False  # a LightningModule: its own configure_optimizers / training_step
+    lightning: bool = False  # a LightningModule (trained by _train_lightning, not here)
     use_gpu: bool = False  # model and batches on cuda:<local rank>
     inmemory_cache_all: bool = False  # read the shard once, serve every epoch from memory
+    knobs: TrainingKnobs = field(default_factory=TrainingKnobs)  # callables: in loop_objects
+    loop_objects: bytes = b""  # cloudpickle of (loss_constructors, lr_scheduler, minibatch fn)
 
 
 @dataclass
@@ -64,17 +60,17 @@ class _Task:
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    loss: Any
+    losses: list[Any]  # per label column
     metrics: list[tuple[str, Any]]
     callbacks: CallbackList
     device: torch.device
-    scheduler: Any = None  # a LightningModule's lr scheduler
-    scheduler_interval: str = "epoch"
-    recorder: LogRecorder | None = None  # a LightningModule's self.log values
-
-    @property
-    def lightning(self) -> bool:
-        return self.recorder is not None
+    knobs: TrainingKnobs
+    weights: list[float]  # per label column, loss_weights
+    scheduler: Any = None  # the lr_scheduler, on this worker's optimizer
+    minibatch_fn: Any = None  # Horovod's train_minibatch_fn
+    scaler: Any = None  # precision='16': a torch.amp.GradScaler
+    last_lr: float | None = None  # the learning rate of the last optimizer step
+    best: dict[str, Any] | None = None  # rank 0: {"epoch", "model"} of the best monitor
 
 
 # --- tensors ---------------------------------------------------------------------------
@@ -147,26 +143,41 @@ def _torch_optimizer(spec: TrainSpec, model: torch.nn.Module, optimizer_cls: typ
     )
 
 
+def _per_label(values: list[Any], count: int) -> list[Any]:
+    return list(values) * count if len(values) == 1 else list(values)
+
+
 def _rebuild(spec: TrainSpec) -> _Task:
+    if spec.lightning:
+        raise ValueError("a LightningModule trains under _train_lightning.train_lightning")
     model, optimizer_cls, loss, metrics, callbacks = cloudpickle.loads(spec.user_objects)
+    makers, scheduler, minibatch_fn = (
+        cloudpickle.loads(spec.loop_objects) if spec.loop_objects else (None, None, None)
+    )
     device = _device(spec)
     model.to(device)
-    scheduler, interval, recorder = None, "epoch", None
-    if spec.lightning:
-        base, scheduler, interval = lightning_optimizer(model)
-        recorder = attach_recorder(model)
-    else:
-        base = _torch_optimizer(spec, model, optimizer_cls)
     optimizer = hvd.DistributedOptimizer(
-        base,
+        _torch_optimizer(spec, model, optimizer_cls),
         named_parameters=model.named_parameters(),
+        compression=getattr(hvd.Compression, spec.knobs.gradient_compression),
         backward_passes_per_step=spec.backward_passes_per_step,
     )
-    if not spec.lightning:
-        optimizer.load_state_dict(spec.optimizer_state)  # the driver's hyper-parameters
-    task = _Task(model, optimizer, loss, resolve_metrics(metrics), CallbackList(callbacks), device)
-    task.scheduler, task.scheduler_interval, task.recorder = scheduler, interval, recorder
-    return task
+    optimizer.load_state_dict(spec.optimizer_state)  # the driver's hyper-parameters
+    count, knobs = len(spec.label_cols), spec.knobs
+    losses = [make() for make in makers] if makers else [loss]
+    return _Task(
+        model,
+        optimizer,
+        _per_label(losses, count),
+        resolve_metrics(metrics),
+        CallbackList(callbacks),
+        device,
+        knobs,
+        _per_label(knobs.loss_weights or [1.0], count),
+        scheduler=build_scheduler(scheduler, optimizer),
+        minibatch_fn=minibatch_fn,
+        scaler=torch.amp.GradScaler(device.type) if knobs.precision == "16" else None,
+    )
 
 
 def _restore(task: _Task, spec: TrainSpec) -> tuple[int, list[dict[str, Any]]]:
@@ -182,6 +193,7 @@ def _restore(task: _Task, spec: TrainSpec) -> tuple[int, list[dict[str, Any]]]:
         )
         task.model.load_state_dict(checkpoint["model"])
         task.optimizer.load_state_dict(checkpoint["optimizer"])
+        task.best = checkpoint.get("best")
         done = (int(checkpoint["epoch"]), list(checkpoint["history"]))
     done = hvd.broadcast_object(done, root_rank=0, name="ringtrain.resume")
     if task.scheduler is not None and done[0] > 0:
@@ -296,11 +308,17 @@ def _per_row_loss(loss_fn: Any, output: torch.Tensor, target: torch.Tensor) -> t
     return losses.reshape(len(output), -1).mean(dim=1)
 
 
-def _loss(task: _Task, output: torch.Tensor, target: torch.Tensor, weight: Any) -> torch.Tensor:
+def _loss(loss_fn: Any, output: torch.Tensor, target: torch.Tensor, weight: Any) -> torch.Tensor:
     """The batch's loss; with sample weights, ``mean(weight * per-row loss)`` (as Keras)."""
     if weight is None:
-        return task.loss(output, target)
-    return (_per_row_loss(task.loss, output, target) * weight).mean()
+        return loss_fn(output, target)
+    return (_per_row_loss(loss_fn, output, target) * weight).mean()
+
+
+def _total_loss(task: _Task, outputs: list, targets: list, weight: Any) -> torch.Tensor:
+    """``sum(loss_weights[i] * loss_i)`` over the label columns."""
+    parts = zip(task.losses, task.weights, outputs, targets, strict=True)
+    return sum(w * _loss(fn, o, t, weight) for fn, w, o, t in parts)
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -311,56 +329,93 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.pin_memory().to(device, non_blocking=True)
 
 
-def _forward(task: _Task, spec: TrainSpec, batch: dict[str, np.ndarray]):
+def _batch_tensors(task: _Task, spec: TrainSpec, batch: dict[str, np.ndarray]):
+    """``(inputs, labels, sample weights or None)`` of a batch, on the task's device."""
     inputs = [to_device(t, task.device) for t in to_inputs(batch, spec.feature_cols)]
-    outputs = as_outputs(task.model(*inputs), len(spec.label_cols))
-    targets = [
-        _as_target(o, to_device(_tensor(batch[c]), task.device))
-        for o, c in zip(outputs, spec.label_cols, strict=True)
-    ]
+    labels = [to_device(_tensor(batch[c]), task.device) for c in spec.label_cols]
     weight = None
     if spec.sample_weight_col is not None:
         weight = _tensor(batch[spec.sample_weight_col]).to(torch.float32).reshape(-1)
         weight = to_device(weight, task.device)
-    loss = sum(_loss(task, o, t, weight) for o, t in zip(outputs, targets, strict=True))
+    return inputs, labels, weight
+
+
+def _forward(task: _Task, spec: TrainSpec, batch: dict[str, np.ndarray]):
+    inputs, labels, weight = _batch_tensors(task, spec, batch)
+    with _autocast(task):
+        outputs = as_outputs(task.model(*inputs), len(spec.label_cols))
+        targets = [_as_target(o, label) for o, label in zip(outputs, labels, strict=True)]
+        loss = _total_loss(task, outputs, targets, weight)
     return outputs, targets, loss
 
 
-def _lightning_batch(task: _Task, spec: TrainSpec, batch: dict[str, np.ndarray]) -> dict:
-    """``{column: tensor}``: features float32, labels and weights as stored."""
-    tensors = {c: to_device(_tensor(batch[c]), task.device) for c in _columns(spec)}
-    for c in spec.feature_cols:
-        tensors[c] = tensors[c].to(torch.float32)
-    return tensors
+def _autocast(task: _Task) -> Any:
+    """``precision``: the forward and the loss under ``torch.autocast`` (bf16 / fp16)."""
+    dtype = {"bf16": torch.bfloat16, "16": torch.float16}.get(task.knobs.precision)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=task.device.type, dtype=dtype)
 
 
-def _lightning_step(
-    task: _Task, spec: TrainSpec, batch: dict[str, np.ndarray], index: int, method: str
-) -> tuple[torch.Tensor | None, int]:
-    """``(loss or None, rows)`` of ``training_step`` / ``validation_step`` on ``batch``."""
-    assert task.recorder is not None
-    rows = len(batch[spec.label_cols[0]])
-    task.recorder.weight = float(rows)
-    try:
-        result = getattr(task.model, method)(_lightning_batch(task, spec, batch), index)
-    finally:
-        task.recorder.weight = 1.0
-    return step_loss(result, method), rows
+def _minibatch_totals(task: _Task, spec: TrainSpec, batch: dict[str, np.ndarray], step: int):
+    """Horovod's ``train_minibatch_fn`` on one batch: it runs the forward, the backward
+    and the optimizer steps; returns ``(loss, its totals row)``."""
+    inputs, labels, weight = _batch_tensors(task, spec, batch)
+
+    def transform_outputs(outputs: Any, labels: list) -> tuple[list, list]:
+        outputs = as_outputs(outputs, len(spec.label_cols))
+        return outputs, [_as_target(o, t) for o, t in zip(outputs, labels, strict=True)]
+
+    def loss_fn(outputs: list, labels: list, sample_weights: Any) -> torch.Tensor:
+        return _total_loss(task, outputs, labels, sample_weights)
+
+    outputs, loss = task.minibatch_fn(
+        task.model, task.optimizer, transform_outputs, loss_fn, inputs, labels, weight,
+        spec.backward_passes_per_step, step,
+    )  # fmt: skip
+    outputs, targets = transform_outputs(outputs, labels)
+    return loss, _batch_totals(task, spec, outputs, targets, loss)
 
 
 def _step_totals(task: _Task, spec: TrainSpec, batch: dict[str, np.ndarray], step: int):
     """Forward one training batch: ``(loss, its totals row)``."""
-    if task.lightning:
-        loss, rows = _lightning_step(task, spec, batch, step, "training_step")
-        if loss is None:
-            raise ValueError(
-                "training_step returned None; ringtrain does not skip steps (every rank "
-                "must step together). Return the loss."
-            )
-        totals = torch.stack([_scalar(loss) * rows, loss.new_full((), rows, dtype=torch.float64)])
-        return loss, totals
     outputs, targets, loss = _forward(task, spec, batch)
     return loss, _batch_totals(task, spec, outputs, targets, loss)
+
+
+def _clip(task: _Task) -> None:
+    clip = task.knobs.gradient_clip_val
+    if clip is None:
+        return
+    params = [p for p in task.model.parameters() if p.grad is not None]
+    if task.knobs.gradient_clip_algorithm == "value":
+        torch.nn.utils.clip_grad_value_(params, clip)
+    else:
+        torch.nn.utils.clip_grad_norm_(params, clip)
+
+
+def _optimizer_step(task: _Task) -> None:
+    """One optimizer step on the averaged gradients: with clipping, allreduce first
+    (``synchronize``), clip, then step without reducing again; with a GradScaler,
+    unscale before clipping. A per-step lr_scheduler steps after it."""
+    opt, scaler = task.optimizer, task.scaler
+    task.last_lr = float(opt.param_groups[0]["lr"])
+    if task.knobs.gradient_clip_val is not None:
+        opt.synchronize()
+        if scaler is not None:
+            scaler.unscale_(opt)
+        _clip(task)
+        with opt.skip_synchronize():
+            scaler.step(opt) if scaler is not None else opt.step()
+    elif scaler is not None:
+        scaler.step(opt)
+    else:
+        opt.step()
+    if scaler is not None:
+        scaler.update()
+    opt.zero_grad()
+    if task.scheduler is not None and task.knobs.lr_scheduler_interval == "step":
+        task.scheduler.step()
 
 
 def _width(task: _Task, spec: TrainSpec) -> int:
@@ -379,13 +434,15 @@ def _train_epoch(task: _Task, spec: TrainSpec, batches: Any) -> np.ndarray:
                 f"the training reader of {spec.train_path} gave no batch at step {step}; "
                 "this rank's shard is empty"
             )
-        loss, row = _step_totals(task, spec, _transformed(spec, batch), step)
-        loss.backward()
-        if (step + 1) % every == 0 or step + 1 == spec.steps_per_epoch:
-            task.optimizer.step()
-            task.optimizer.zero_grad()
-            if task.scheduler is not None and task.scheduler_interval == "step":
-                task.scheduler.step()
+        if task.minibatch_fn is not None:
+            loss, row = _minibatch_totals(task, spec, _transformed(spec, batch), step)
+            if step + 1 == spec.steps_per_epoch:  # as Horovod's loop: the last step after the fn
+                _optimizer_step(task)
+        else:
+            loss, row = _step_totals(task, spec, _transformed(spec, batch), step)
+            (task.scaler.scale(loss) if task.scaler is not None else loss).backward()
+            if (step + 1) % every == 0 or step + 1 == spec.steps_per_epoch:
+                _optimizer_step(task)
         totals += row
         if task.callbacks:
             loss_sum, rows = row[:2].tolist()  # a host sync, only when callbacks want it
@@ -408,33 +465,11 @@ def _evaluate(task: _Task, spec: TrainSpec, data: dict[str, np.ndarray] | None) 
         return totals
     task.model.eval()
     with torch.no_grad():
-        if task.lightning:
-            return _evaluate_lightning(task, spec, data, totals)
         summed = torch.zeros(len(totals), dtype=torch.float64, device=task.device)
         for batch in _val_batches(spec, data):
             outputs, targets, loss = _forward(task, spec, batch)
             summed += _batch_totals(task, spec, outputs, targets, loss)
     return summed.cpu().numpy()
-
-
-def _evaluate_lightning(
-    task: _Task, spec: TrainSpec, data: dict[str, np.ndarray], totals: np.ndarray
-) -> np.ndarray:
-    if not overrides(task.model, "validation_step"):
-        return totals  # no validation_step: no validation metrics
-    assert task.recorder is not None
-    task.recorder.phase = "val"
-    try:
-        call_hook(task.model, "on_validation_epoch_start")
-        for index, batch in enumerate(_val_batches(spec, data)):
-            loss, rows = _lightning_step(task, spec, batch, index, "validation_step")
-            totals[1] += rows
-            if loss is not None:
-                totals[0] += float(loss) * rows
-        call_hook(task.model, "on_validation_epoch_end")
-    finally:
-        task.recorder.phase = "train"
-    return totals
 
 
 def _metric_names(task: _Task, spec: TrainSpec) -> list[str]:
@@ -462,8 +497,6 @@ def _epoch_entry(
     entry.update({f"train_{n}": float(v) for n, v in zip(names, _means(train), strict=True)})
     if spec.val_path is not None and val[1] > 0:
         entry.update({f"val_{n}": float(v) for n, v in zip(names, _means(val), strict=True)})
-    if task.recorder is not None:
-        entry.update(_logged_means(task.recorder))
     return entry
 
 
@@ -503,6 +536,8 @@ def _save_checkpoint(
     }
     if task.scheduler is not None:
         state["scheduler"] = task.scheduler.state_dict()
+    if task.best is not None:
+        state["best"] = task.best
     spec.store.write_checkpoint(spec.run_id, writer(spec), lambda f: torch.save(state, f))
     spec.store.write_json(spec.store.get_history_path(spec.run_id), history)
 
@@ -577,6 +612,35 @@ def _epoch_batches(
             yield from reader
 
 
+def _after_epoch(task: _Task, entry: dict[str, Any], history: list[dict[str, Any]]) -> bool:
+    """The epoch's scheduler step, the best weights (rank 0) and whether to stop early:
+    decided from the history (the same on every rank: its metrics are allreduced), and
+    rank 0's decision broadcast all the same, so every rank stops at one epoch."""
+    knobs = task.knobs
+    if task.scheduler is not None:
+        entry["lr"] = task.last_lr
+        if knobs.lr_scheduler_interval == "epoch":
+            if is_plateau(task.scheduler):
+                task.scheduler.step(entry[knobs.monitor])
+            else:
+                task.scheduler.step()
+    best, wait = best_and_wait(
+        history, knobs.monitor, knobs.monitor_mode, knobs.early_stopping_min_delta
+    )
+    if knobs.restore_best_weights and best == len(history) - 1 and hvd.rank() == 0:
+        state = task.model.state_dict()
+        task.best = {
+            "epoch": best + 1,
+            "model": {k: v.detach().cpu().clone() for k, v in state.items()},
+        }
+    patience = knobs.early_stopping_patience
+    stop = patience is not None and best is not None and wait >= patience
+    stop = bool(hvd.broadcast_object(stop, root_rank=0, name="ringtrain.early_stop"))
+    if stop:
+        entry["stopped_early"] = True
+    return stop
+
+
 def _run_epochs(
     task: _Task,
     spec: TrainSpec,
@@ -588,14 +652,10 @@ def _run_epochs(
 ) -> None:
     task.callbacks.call("set_context", task.model, task.optimizer, hvd.rank(), hvd.size())
     task.callbacks.call("on_train_begin", {"start_epoch": start_epoch})
-    if task.lightning:
-        call_hook(task.model, "on_train_start")
     for epoch in range(start_epoch, spec.epochs):
         started = time.monotonic()
         torch.manual_seed(_epoch_seed(spec, epoch, hvd.rank()))
         task.callbacks.call("on_epoch_begin", epoch, {})
-        if task.lightning:
-            call_hook(task.model, "on_train_epoch_start")
         if cached is not None:
             batches = _memory_batches(spec, cached, epoch)
         else:
@@ -604,16 +664,13 @@ def _run_epochs(
             train_totals = _train_epoch(task, spec, batches)
         finally:
             batches.close()  # stops the epoch's reader (petastorm's threads)
-        if task.lightning:
-            call_hook(task.model, "on_train_epoch_end")
-        if task.scheduler is not None and task.scheduler_interval == "epoch":
-            task.scheduler.step()
         entry = _epoch_entry(task, spec, epoch, train_totals, _evaluate(task, spec, val_data))
         entry["seconds"] = round(time.monotonic() - started, 3)
         history.append(entry)
+        stop = _after_epoch(task, entry, history)
         if hvd.rank() == 0:
             _save_checkpoint(task, spec, epoch, history)
         task.callbacks.call("on_epoch_end", epoch, dict(entry))
-    if task.lightning:
-        call_hook(task.model, "on_train_end")
+        if stop:
+            break
     task.callbacks.call("on_train_end", {"history": list(history)})
