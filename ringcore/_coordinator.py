@@ -7,7 +7,9 @@ process set has submitted a name, the coordinator checks that the requests agree
 and sends the same ordered response list to every rank, which then runs the ops in
 that order. Ranks may therefore submit in different orders and from any thread.
 
-Also here: the response cache (a repeated name travels as a small integer id),
+Also here: the response cache (a repeated name travels as a small integer id, both
+ways; when every rank sent a name as its cache id with the template's shape, the
+requests agree by construction and are not compared field by field),
 tensor fusion (ready allreduces of one dtype/op/process set packed into one buffer up
 to the fusion threshold), join, the stall inspector, the loss of a rank (its
 connection closes without a goodbye: every rank is told to abort its pending ops), and
@@ -30,6 +32,7 @@ from ._auth import AuthenticationError
 from ._protocol import (
     CONTROL_KINDS,
     Abort,
+    CachedId,
     CachedRequest,
     Entry,
     Goodbye,
@@ -43,7 +46,7 @@ from ._protocol import (
     decode_message,
     disagreement,
 )
-from ._wire import HANDSHAKE_TIMEOUT_S, Channel, VersionMismatch, accept_handshake
+from ._wire import HANDSHAKE_TIMEOUT_S, Channel, VersionMismatch, accept_handshake, encode
 
 __all__ = ["Coordinator", "CoordinatorConfig"]
 
@@ -111,6 +114,10 @@ class Coordinator:
         self.ready_since: float | None = None
         self.cache: dict[int, Request] = {}
         self.cache_ids: dict[tuple[int, str], int] = {}
+        self.announced: set[int] = set()  # cache ids every rank has seen in a full entry
+        #: ops whose requests agreed by their cache id alone / after the field-by-field
+        #: comparison (tests read it)
+        self.stats = {"agreed_by_id": 0, "agreed_by_fields": 0}
         self.joined: list[int] = []
         self.gone: set[int] = set()
         self.aborted = False
@@ -313,9 +320,8 @@ class Coordinator:
             )
             self.channels[rank].send(Goodbye().to_wire())
 
-    def _add_request(self, rank: int, sent: Request | CachedRequest) -> None:
-        # a cached request: same signature as before, new shape for dim 0 ops
-        req = sent.expand(self.cache[sent.cache_id]) if isinstance(sent, CachedRequest) else sent
+    def _add_request(self, rank: int, sent: Request | CachedRequest | CachedId) -> None:
+        req = self._full_request(sent)
         key = (req.process_set, req.name)
         entry = self.pending.setdefault(key, _Pending())
         if rank in entry.reqs:
@@ -326,6 +332,24 @@ class Coordinator:
             return
         entry.reqs[rank] = req
         self._check_ready(key)
+
+    def _full_request(self, sent: Request | CachedRequest | CachedId) -> Request:
+        """The request ``sent`` stands for. A cached one that changed nothing is the
+        cached template itself (the same object for every rank: see ``_check_ready``);
+        one with a new shape or splits is the template with this call's fields."""
+        if isinstance(sent, Request):
+            return sent
+        template = self.cache.get(sent.cache_id)
+        if template is None:
+            raise ValueError(f"a rank sent cache id {sent.cache_id!r}, which names no request")
+        if isinstance(sent, CachedId) or (
+            sent.shape == template.shape
+            and sent.splits is None
+            and sent.name == template.name
+            and sent.process_set == template.process_set
+        ):
+            return template
+        return sent.expand(template)
 
     def _members(self, ps: int) -> list[int]:
         return self.process_sets.get(ps, [])
@@ -339,6 +363,8 @@ class Coordinator:
         any_req = next(iter(entry.reqs.values()))
         if any_req.kind in CONTROL_KINDS:
             members = list(range(self.cfg.size))
+        if len(entry.reqs) < len(members) and not self.joined and not self.gone:
+            return  # the usual case while ranks submit: some have not yet, none left
         missing = [r for r in members if r not in entry.reqs]
         if not members:
             self._send_error(
@@ -363,10 +389,14 @@ class Coordinator:
                 f"{any_req.kind} of {name!r} cannot run while ranks {joined_missing} have joined; only allreduce continues with joined ranks",
             )
             return
-        problem = disagreement(name, entry.reqs)
-        if problem:
-            self._send_error([key], problem)
-            return
+        if all(r is any_req for r in entry.reqs.values()):  # one cached template
+            self.stats["agreed_by_id"] += 1
+        else:
+            problem = disagreement(name, entry.reqs)
+            if problem:
+                self._send_error([key], problem)
+                return
+            self.stats["agreed_by_fields"] += 1
         entry.ready = True
         self.ready.append(key)
         if self.ready_since is None:
@@ -423,9 +453,9 @@ class Coordinator:
         groups: dict[tuple, _Fused] = {}
         for key in keys:
             entry = self.pending.pop(key)
-            ps, name = key
+            ps = key[0]
             req = next(iter(entry.reqs.values()))
-            meta = Entry(name, req.shape, self._cache(key, req))
+            meta = self._entry(key, req)
             if req.kind != "allreduce":
                 items.append(self._item(ps, req, entry.reqs, meta))
                 continue
@@ -471,6 +501,17 @@ class Coordinator:
             return replace(item, op=req.op, prescale=req.prescale, postscale=req.postscale)
         return item
 
+    def _entry(self, key: tuple[int, str], req: Request) -> Entry:
+        """The response entry of ``req``: a bare cache id once every rank has seen the
+        id in full and the shape is the template's (see ``Entry.compact``)."""
+        cid = self._cache(key, req)
+        if cid is None:
+            return Entry(key[1], req.shape, None)
+        if cid in self.announced and req.shape == self.cache[cid].shape:
+            return Entry(key[1], req.shape, cid, compact=True)
+        self.announced.add(cid)  # every rank reads this batch before any later one
+        return Entry(key[1], req.shape, cid)
+
     def _cache(self, key: tuple[int, str], req: Request) -> int | None:
         if key in self.cache_ids:
             return self.cache_ids[key]
@@ -498,12 +539,13 @@ class Coordinator:
 
     def _broadcast(self, message: Message) -> None:
         self.last_sent = time.monotonic()
-        wire = message.to_wire()
-        for rank, ch in self.channels.items():
+        data = encode(message.to_wire())
+        # the other ranks first: rank 0's own engine, woken here, would hold the GIL
+        for rank, ch in sorted(self.channels.items(), key=lambda rc: rc[0] == 0):
             if rank in self.gone and not isinstance(message, Abort):
                 continue
             with contextlib.suppress(OSError):
-                ch.send(wire)
+                ch.send_encoded(data)
 
     def _abort(self, why: str) -> None:
         if self.aborted:

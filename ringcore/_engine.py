@@ -15,6 +15,7 @@ import logging
 import socket
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -29,6 +30,7 @@ from ._handle import Handle, dtype_name, wait_handle
 from ._ops import ReduceOp
 from ._protocol import (
     Abort,
+    CachedId,
     CachedRequest,
     Entry,
     Goodbye,
@@ -54,6 +56,18 @@ _COLLECTIVE_PHASE = {
     "reducescatter": "REDUCESCATTER",
     "barrier": "BARRIER",
 }
+
+
+def _flatten(bufs: list[torch.Tensor]) -> torch.Tensor:
+    """``bufs`` (one dtype and device) copied into one new flat buffer, in order."""
+    if all(b.is_contiguous() for b in bufs):
+        return torch._C._nn.flatten_dense_tensors(bufs)
+    return torch.cat([b.reshape(-1) for b in bufs])
+
+
+def _unflatten(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Views of ``flat`` shaped like each of ``like``, in order (no copies)."""
+    return torch._C._nn.unflatten_dense_tensors(flat, like)
 
 
 class Engine:
@@ -94,10 +108,18 @@ class Engine:
         self._lock = threading.Lock()
         self.pending: dict[tuple[int, str], Handle] = {}
         self.cache: dict[tuple[int, str], tuple[int, tuple]] = {}
+        # every cache id this rank has seen in full: its name and the template's shape
+        self.cids: dict[int, tuple[str, tuple[int, ...]]] = {}
+        #: what the control path did (tests and bench/control_path.py read it): requests
+        #: sent in full, as a cache id with this call's fields, as the bare id; response
+        #: entries that came as bare ids; ops run through a fusion buffer with others
+        self.stats = dict.fromkeys(
+            ("sent_full", "sent_cached", "sent_id", "entries_compact", "ops_fused"), 0
+        )
         self.groups: dict[int, Any] = {0: None}
         self.members: dict[int, list[int]] = {0: list(range(size))}
         self.counters: dict[str, itertools.count] = {}
-        self.outbox: list[Request | CachedRequest] = []
+        self.outbox: list[Request | CachedRequest | CachedId] = []
         self._send_lock = threading.Lock()
         self._outbox_ready = threading.Condition(self._lock)
         self.cycle_time_s = cycle_time_s
@@ -161,7 +183,7 @@ class Engine:
                 except OSError as exc:
                     self._break(f"the coordinator is unreachable ({exc}); rank 0 may have died")
 
-    def _send_requests(self, batch: list[Request | CachedRequest]) -> None:
+    def _send_requests(self, batch: list[Request | CachedRequest | CachedId]) -> None:
         """``batch`` in one frame, or in several when one would be over the frame limit.
         A request over it on its own (a name of many MiB) fails its op here and is never
         sent: every rank that submits that name fails alike, and the job goes on."""
@@ -174,6 +196,8 @@ class Engine:
                 self._send_requests(batch[half:])
                 return
             req = batch[0]
+            if isinstance(req, CachedId):  # a few bytes: never over the limit alone
+                raise
             handle = self._take(req.process_set, req.name)
             if handle is not None:
                 shown = req.name if len(req.name) <= 60 else req.name[:60] + "..."
@@ -200,14 +224,22 @@ class Engine:
 
     def _compact(
         self, key: tuple[int, str], req: Request, handle: Handle
-    ) -> Request | CachedRequest:
-        """The request as sent: a small cache id once the coordinator has seen it."""
+    ) -> Request | CachedRequest | CachedId:
+        """The request as sent (under ``self._lock``): once the coordinator has cached it,
+        its id and what changed (the shape, the splits), or the bare id when nothing did."""
         sig = req.signature()
         handle.sig = sig
         cached = self.cache.get(key)
-        if cached is not None and cached[1] == sig:
-            return req.cached(cached[0])
-        return req
+        if cached is None or cached[1] != sig:
+            self.stats["sent_full"] += 1
+            return req
+        cid = cached[0]
+        learnt = self.cids.get(cid)
+        if learnt is not None and req.splits is None and learnt[1] == req.shape:
+            self.stats["sent_id"] += 1
+            return CachedId(cid)
+        self.stats["sent_cached"] += 1
+        return req.cached(cid)
 
     def join(self) -> Handle:
         handle = Handle("join", "join")
@@ -314,14 +346,24 @@ class Engine:
         with self._lock:
             return self.pending.pop((ps, name), None)
 
-    def _remember(self, ps: int, entries: tuple[Entry, ...]) -> None:
+    def _claim(self, ps: int, entries: tuple[Entry, ...]) -> list[Handle | None]:
+        """Take the handles of ``entries`` (None: this rank joined, or the op was failed
+        already) and learn their cache ids, under one hold of the lock that submitting
+        threads take too."""
         with self._lock:
+            handles = []
             for e in entries:
-                if e.cache_id is not None and (ps, e.name) not in self.cache:
-                    h = self.pending.get((ps, e.name))
-                    sig = h.sig if h is not None else None
-                    if sig is not None:
-                        self.cache[(ps, e.name)] = (e.cache_id, sig)
+                key = (ps, e.name)
+                h = self.pending.pop(key, None)
+                handles.append(h)
+                if e.cache_id is None:
+                    continue
+                if e.cache_id not in self.cids:
+                    # the first entry to carry an id holds the template's name and shape
+                    self.cids[e.cache_id] = (e.name, e.shape)
+                if key not in self.cache and h is not None and h.sig is not None:
+                    self.cache[key] = (e.cache_id, h.sig)
+            return handles
 
     def _execute(self, wire_item: dict) -> None:
         """Run one response item as it came off the wire (a seam tests wrap)."""
@@ -338,8 +380,9 @@ class Engine:
             return
         if self.rank not in self.members.get(ps, []):
             return
-        self._remember(ps, item.entries)
-        handles = [self._take(ps, e.name) for e in item.entries]
+        if any(e.compact for e in item.entries):
+            item = replace(item, entries=self._expand(item.entries))
+        handles = self._claim(ps, item.entries)
         if kind == "error":
             # a stall or a departed peer breaks the ring; a disagreement is the caller's error
             cls = (
@@ -368,6 +411,21 @@ class Engine:
                 if h is not None and not h.done.is_set():
                     h.resolve(error=err)
             self._break(f"a backend collective failed ({why})")
+
+    def _expand(self, entries: tuple[Entry, ...]) -> tuple[Entry, ...]:
+        """Entries that came as bare cache ids, with the name and shape they stand for."""
+        out = []
+        for e in entries:
+            if e.compact:
+                learnt = self.cids.get(e.cache_id)  # type: ignore[arg-type]
+                if learnt is None:  # the coordinator sends an id only once every rank has it
+                    raise RingInternalError(
+                        f"rank {self.rank} got cache id {e.cache_id} it was never told about"
+                    )
+                self.stats["entries_compact"] += 1
+                e = Entry(learnt[0], learnt[1], e.cache_id)
+            out.append(e)
+        return tuple(out)
 
     def _finish(self, h: Handle, value: Any) -> None:
         try:
@@ -449,7 +507,8 @@ class Engine:
         if len(bufs) == 1:
             flat, t1 = bufs[0].view(-1), time.perf_counter()
         else:
-            flat = torch.cat([b.reshape(-1) for b in bufs])
+            flat = _flatten(bufs)  # one copy into the fusion buffer, no view per tensor
+            self.stats["ops_fused"] += len(bufs)
             t1 = time.perf_counter()
             for h, e in zip(handles, item.entries):
                 self._span(h, e.name, "MEMCPY_IN_FUSION_BUFFER", t_start, t1)
@@ -458,10 +517,7 @@ class Engine:
         for h, e in zip(handles, item.entries):
             self._span(h, e.name, "ALLREDUCE", t1, t2)
         if len(bufs) > 1:
-            offset = 0
-            for b in bufs:
-                b.view(-1).copy_(flat[offset : offset + b.numel()])
-                offset += b.numel()
+            torch._foreach_copy_(bufs, _unflatten(flat, bufs))
             t3 = time.perf_counter()
             for h, e in zip(handles, item.entries):
                 self._span(h, e.name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3)

@@ -1,8 +1,10 @@
 """The control protocol between every rank's engine and rank 0's coordinator.
 
 A rank sends a :class:`Request` per op it submits (or, once the coordinator has
-cached it, a :class:`CachedRequest`: the cache id and what changes per call); the
-coordinator answers every rank with the same ordered list of :class:`ResponseItem`.
+cached it, a :class:`CachedRequest`: the cache id and what changes per call, or a
+:class:`CachedId`, the bare id, when nothing changed); the coordinator answers every
+rank with the same ordered list of :class:`ResponseItem`, whose entries are bare ids
+too once every rank has seen them in full (:attr:`Entry.compact`).
 Around them travel the control messages :class:`RequestBatch`, :class:`JoinRequest`,
 :class:`Goodbye` (both ways), :class:`ResponseBatch`, :class:`Abort` and
 :class:`Heartbeat`.
@@ -23,6 +25,7 @@ __all__ = [
     "DEFAULT_ROOT",
     "Abort",
     "AgreeField",
+    "CachedId",
     "CachedRequest",
     "Entry",
     "Goodbye",
@@ -203,17 +206,58 @@ class CachedRequest:
         )
 
 
-def decode_request(wire: dict[str, Any]) -> Request | CachedRequest:
+@dataclass(frozen=True)
+class CachedId:
+    """A cached request sent as its bare id: the same name, process set and shape as the
+    coordinator's template, no splits. On the wire: the integer alone."""
+
+    cache_id: int
+
+    def to_wire(self) -> int:
+        return self.cache_id
+
+
+def decode_request(wire: dict[str, Any] | int) -> Request | CachedRequest | CachedId:
+    if type(wire) is int:
+        return _build(CachedId, {"cache_id": wire})
+    if not isinstance(wire, dict):
+        raise ValueError(f"a request must be an object or a cache id, got {type(wire).__name__}")
     return CachedRequest.from_wire(wire) if "c" in wire else Request.from_wire(wire)
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One named op of a response item (a fused allreduce has several)."""
+    """One named op of a response item (a fused allreduce has several).
+
+    ``compact``: sent as the bare ``cache_id`` (the op's name and shape are the ones
+    every member rank learnt from the entry that first carried the id); an entry read
+    from that form has no name or shape until the engine fills them in."""
 
     name: str
     shape: tuple[int, ...] = ()
     cache_id: int | None = None
+    compact: bool = False
+
+    def to_wire(self) -> dict[str, Any] | int:
+        if self.compact and self.cache_id is not None:
+            return self.cache_id
+        return {"n": self.name, "s": list(self.shape), "c": self.cache_id}
+
+
+def _entry(wire: dict[str, Any] | int) -> Entry:
+    if type(wire) is int:
+        return _build(Entry, {"name": "", "shape": (), "cache_id": wire, "compact": True})
+    if not isinstance(wire, dict):
+        raise ValueError(f"an entry must be an object or a cache id, got {type(wire).__name__}")
+    return _build(
+        Entry,
+        {
+            "name": wire["n"],
+            "shape": tuple(wire.get("s", ())),
+            "cache_id": wire.get("c"),
+            "compact": False,
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -241,7 +285,7 @@ class ResponseItem:
     def to_wire(self) -> dict[str, Any]:
         if self.kind == "join":
             return {"k": "join", "last": self.last}
-        entries = [{"n": e.name, "s": list(e.shape), "c": e.cache_id} for e in self.entries]
+        entries = [e.to_wire() for e in self.entries]
         if self.kind == "error":
             return {
                 "k": "error",
@@ -283,28 +327,26 @@ class ResponseItem:
     @classmethod
     def from_wire(cls, wire: dict[str, Any]) -> ResponseItem:
         root = wire.get("r")
-        return cls(
-            kind=wire["k"],
-            process_set=wire.get("ps", 0),
-            dtype=wire.get("d", ""),
-            entries=tuple(
-                _build(
-                    Entry, {"name": e["n"], "shape": tuple(e.get("s", ())), "cache_id": e.get("c")}
-                )
-                for e in wire.get("e", ())
-            ),
-            op=wire.get("o", 0),
-            prescale=wire.get("pre", 1.0),
-            postscale=wire.get("post", 1.0),
-            device=wire.get("dev", ""),
-            root=DEFAULT_ROOT if root is None else root,
-            dims=tuple(wire.get("dims", ())),
-            splits=tuple(tuple(s) for s in wire.get("splits", ())),
-            set_id=wire.get("id", 0),
-            ranks=tuple(wire.get("ranks", ())),
-            last=wire.get("last", -1),
-            message=wire.get("msg", ""),
-            error_kind=wire.get("x", ""),
+        return _build(
+            cls,
+            {
+                "kind": wire["k"],
+                "process_set": wire.get("ps", 0),
+                "dtype": wire.get("d", ""),
+                "entries": tuple(_entry(e) for e in wire.get("e", ())),
+                "op": wire.get("o", 0),
+                "prescale": wire.get("pre", 1.0),
+                "postscale": wire.get("post", 1.0),
+                "device": wire.get("dev", ""),
+                "root": DEFAULT_ROOT if root is None else root,
+                "dims": tuple(wire.get("dims", ())),
+                "splits": tuple(tuple(s) for s in wire.get("splits", ())),
+                "set_id": wire.get("id", 0),
+                "ranks": tuple(wire.get("ranks", ())),
+                "last": wire.get("last", -1),
+                "message": wire.get("msg", ""),
+                "error_kind": wire.get("x", ""),
+            },
         )
 
 
@@ -316,7 +358,7 @@ class RequestBatch:
     """rank -> coordinator: the requests queued since the last batch, in order."""
 
     TAG = "req"
-    requests: tuple[Request | CachedRequest, ...]
+    requests: tuple[Request | CachedRequest | CachedId, ...]
 
     def to_wire(self) -> dict[str, Any]:
         return {"t": self.TAG, "reqs": [r.to_wire() for r in self.requests]}

@@ -133,7 +133,11 @@ class Channel:
         self._key, self._out_dir, self._in_dir = key, send_dir, recv_dir
 
     def send(self, message: Any) -> None:
-        data = json.dumps(message, separators=(",", ":")).encode()
+        self.send_encoded(encode(message))
+
+    def send_encoded(self, data: bytes) -> None:
+        """Send a message already made into JSON by :func:`encode` (one message sent to
+        many channels is encoded once; each channel still signs it with its own key)."""
         with self._send_lock:
             if self._key is not None:
                 seq = _SEQ.pack(self._out_seq)
@@ -243,6 +247,11 @@ class Channel:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+
+
+def encode(message: Any) -> bytes:
+    """A message as the JSON bytes a frame carries."""
+    return json.dumps(message, separators=(",", ":")).encode()
 
 
 def _peer(sock: socket.socket) -> str:

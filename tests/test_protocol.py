@@ -13,6 +13,7 @@ from ringcore._protocol import (
     AGREE_FIELDS,
     DEFAULT_ROOT,
     Abort,
+    CachedId,
     CachedRequest,
     Entry,
     Goodbye,
@@ -135,6 +136,25 @@ def test_a_control_message_survives_its_json_round_trip(message):
 
 def test_an_unknown_message_tag_decodes_to_none():
     assert decode_message({"t": "hello", "rank": 1}) is None
+
+
+def test_a_bare_cache_id_is_an_integer_on_the_wire_both_ways():
+    batch = RequestBatch((CachedId(7), REQUESTS[0].cached(2), REQUESTS[0]))
+    wire = _through_json(batch.to_wire())
+    assert wire["reqs"][0] == 7
+    assert decode_message(wire) == batch
+    item = ResponseItem("allreduce", 0, "float32", (Entry("a", (2,), 7, compact=True),))
+    assert item.to_wire()["e"] == [7]
+    # read back, a bare entry has no name or shape: the engine fills them in
+    assert ResponseItem.from_wire(_through_json(item.to_wire())).entries == (
+        Entry("", (), 7, compact=True),
+    )
+
+
+@pytest.mark.parametrize("junk", ["x", 1.5, None, [1]])
+def test_a_request_that_is_neither_an_object_nor_a_cache_id_is_refused(junk):
+    with pytest.raises(ValueError, match="object or a cache id"):
+        decode_request(junk)
 
 
 # -- agreement ------------------------------------------------------------------------
