@@ -1,0 +1,187 @@
+"""Hierarchical allreduce against the flat Gloo ring: 2 hosts x 2 ranks made of network
+namespaces on one bridge (``tests/_netns.py``), 4 KB .. 64 MB (``--quick``: .. 1 MB).
+
+Peers, each ``Sum`` of float32 ones in every rank, in the same rounds, order swapped
+every round (``_common.orders``):
+
+- ``ours hierarchical``: ``ringcore.torch.allreduce`` with the engine's plan on this
+  topology (reduce-scatter in the host through shared memory, allreduce of the slices
+  across hosts over Gloo, allgather in the host);
+- ``flat gloo``: ``torch.distributed.all_reduce`` on the engine's Gloo group (the flat
+  ring over the 4 ranks).
+
+Both hosts are namespaces of this one machine: the "network" is a bridge in memory, so
+the figures show the method's overhead and the work it saves, not a real NIC. Needs
+root and ``ip netns`` (prints why and exits 0 otherwise). Usage::
+
+    sudo python bench/hierarchical.py [--quick] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+)
+import _common
+from _netns import Cluster, kill_tree, unavailable
+
+from ringcore import topology_from_hosts, worker_env
+
+SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+QUICK_SIZES = [4 << 10, 64 << 10, 1 << 20]
+PEERS = ("ours hierarchical", "flat gloo")
+
+_RANK = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import _common
+import torch, torch.distributed as dist
+import ringcore.torch as hvd
+import ringcore._state as st
+
+torch.set_num_threads(1)
+sizes, rounds = json.loads(sys.argv[2]), int(sys.argv[3])
+hvd.init()
+n = hvd.size()
+peers = {
+    "ours hierarchical": lambda x: hvd.allreduce(x, op=hvd.Sum),
+    "flat gloo": lambda x: (dist.all_reduce(y := x.clone()), y)[1],
+}
+times, right = {}, True
+for nbytes in sizes:
+    x = torch.ones(nbytes // 4)
+    burst = 10 if nbytes <= 1 << 20 else 1
+    for fn in peers.values():
+        right &= bool((fn(x) == n).all())
+    times[nbytes] = {p: [] for p in peers}
+    for order in _common.orders(list(peers), rounds):
+        for peer in order:
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(burst):
+                peers[peer](x)
+            times[nbytes][peer].append((time.perf_counter() - t0) / burst)
+backend = st.current.engine.backend
+out = {"times": times, "right": right, "mode": getattr(backend, "mode", None),
+       "stats": getattr(backend, "stats", None)}
+hvd.shutdown()
+print(json.dumps(out), flush=True)
+"""
+
+
+def _run(cluster: Cluster, sizes: list[int], rounds: int) -> list[dict[str, Any]]:
+    slots = [h for h in cluster.hosts for _ in range(2)]
+    port = random.randint(20000, 40000)
+    here = os.path.dirname(os.path.abspath(__file__))
+    procs = []
+    try:
+        for rank, host in enumerate(slots):
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("RING_", "HOROVOD_"))}
+            env.update(
+                worker_env(topology_from_hosts([h.addr for h in slots], rank), slots[0].addr, port)
+            )
+            env.pop("RING_HOSTNAME", None)
+            env["PYTHONPATH"] = os.path.dirname(here)
+            cmd = [sys.executable, "-c", _RANK, here, json.dumps(sizes), str(rounds)]
+            procs.append(
+                subprocess.Popen(
+                    host.wrap(cmd),
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    start_new_session=True,
+                )
+            )
+        outputs = [p.communicate(timeout=1800) for p in procs]
+    finally:
+        for p in procs:
+            kill_tree(p)
+    for rank, (p, (_, err)) in enumerate(zip(procs, outputs)):
+        if p.returncode:
+            raise SystemExit(f"rank {rank} failed ({p.returncode}):\n{err[-3000:]}")
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+
+
+def _human(nbytes: int) -> str:
+    return f"{nbytes >> 20} MB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KB"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    _common.add_common_args(parser)
+    args = parser.parse_args()
+    rounds = _common.check_rounds(args.rounds)
+    why = unavailable()
+    if why is not None:
+        print(f"bench/hierarchical.py skipped: {why} (run it as root where `ip netns` works)")
+        return
+    env = _common.environment(("torch",))
+    sizes = QUICK_SIZES if args.quick else SIZES
+    cluster = Cluster(2).up()
+    try:
+        per_rank = _run(cluster, sizes, rounds)
+    finally:
+        cluster.down()
+    rows = []
+    for nbytes in sizes:
+        row: dict[str, Any] = {"op": "allreduce", "bytes": nbytes}
+        for peer in PEERS:
+            key = str(nbytes)
+            row[peer] = _common.summary(_common.slowest([r["times"][key][peer] for r in per_rank]))
+        rows.append(row)
+    t = _common.table(
+        ["allreduce", *(f"{p} us" for p in PEERS), "flat / hierarchical"],
+        [
+            [
+                _human(r["bytes"]),
+                *(_common.spread(r[p], 1e6) for p in PEERS),
+                f"{r['flat gloo']['median'] / r['ours hierarchical']['median']:.2f}x",
+            ]
+            for r in rows
+        ],
+    )
+    _common.print_table(t)
+    checks = [
+        _common.check(
+            "every peer's sum equals the number of ranks", all(r["right"] for r in per_rank)
+        ),
+        _common.check(
+            "the engine ran the hierarchical plan on every rank",
+            all(r["mode"] == "hierarchical" for r in per_rank),
+            str([r["mode"] for r in per_rank]),
+        ),
+    ]
+    _common.print_verdicts([], checks)
+    _common.write(
+        "hierarchical",
+        args.out,
+        env,
+        {
+            "np": 4,
+            "hosts": "2 network namespaces x 2 ranks on one machine (a bridge, not a NIC)",
+            "peers": {
+                "ours hierarchical": "ringcore.torch.allreduce, hierarchical plan",
+                "flat gloo": "torch.distributed.all_reduce on the engine's Gloo group",
+            },
+            "rows": rows,
+            "table": t,
+            "targets": [],
+            "checks": checks,
+        },
+        quick=args.quick,
+        rounds=rounds,
+    )
+
+
+if __name__ == "__main__":
+    main()
