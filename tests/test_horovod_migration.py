@@ -397,8 +397,8 @@ def test_horovod_params_with_a_clear_counterpart_are_mapped():
 def test_specific_horovod_params_say_what_to_do_instead():
     with pytest.raises(ValueError, match=r"backend.*spark_runner\.run.*num_proc"):
         RingEstimator(backend="SparkBackend")
-    with pytest.raises(ValueError, match=r"loss_weights.*summed with weight 1"):
-        RingEstimator(loss_weights=[0.5, 0.5])
+    with pytest.raises(ValueError, match=r"reader_pool_type.*thread pool"):
+        RingEstimator(reader_pool_type="process")
     with pytest.raises(ValueError, match=r"partitions_per_process"):
         RingEstimator(partitions_per_process=4)
 
