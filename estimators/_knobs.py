@@ -61,6 +61,8 @@ class TrainingKnobs:
 
 _DEFAULTS = TrainingKnobs()
 _KERAS_ONLY = ("custom_objects", "tensorflow_dataset_prefetch_buffer_size")
+# which framework's loop reads a knob: the Keras ones, or else the torch loop
+_READ_BY = {True: KERAS, False: TORCH}
 _ANY = ("backend_env", "restore_best_weights", "monitor", "monitor_mode")
 _ELSEWHERE = {
     "lightning": "a LightningModule configures this on its Trainer: trainer_args "
@@ -84,13 +86,14 @@ def _refuse_elsewhere(knobs: TrainingKnobs, framework: str) -> None:
         value = getattr(knobs, name)
         if name in _ANY or value == getattr(_DEFAULTS, name):
             continue
-        if name in _KERAS_ONLY and framework != KERAS:
+        reader = _READ_BY[name in _KERAS_ONLY]
+        if reader is not framework and name in _KERAS_ONLY:
             raise ValueError(
                 f"{name}={value!r} is set, but it configures a Keras model's fit and the model "
                 f"is a {framework} model. Unset it (setParams({name}="
                 f"{getattr(_DEFAULTS, name)!r}))."
             )
-        if name not in _KERAS_ONLY and framework != TORCH:
+        if reader is not framework:
             raise ValueError(
                 f"{name}={value!r} is set, but it configures ringtrain's torch loop and the "
                 f"model is a {framework} model: {_ELSEWHERE.get(framework, '')}. Unset it "
@@ -234,7 +237,7 @@ def resolve_knobs(est: Any, framework: str, use_gpu: bool) -> TrainingKnobs:
     _refuse_elsewhere(knobs, framework)
     labels = list(est.getLabelCols() or [])
     _check_losses(knobs, est.getLoss(), max(1, len(labels)))
-    if framework == TORCH:
+    if _READ_BY[False] is framework:  # the torch loop's checks
         _check_monitor(knobs, list(est.getMetrics()), labels, est.getValidation())
         _check_scheduler(knobs, est.getOptimizer())
     _check_step(knobs, use_gpu)
