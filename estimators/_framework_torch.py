@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from ._frameworks import TORCH, Predictor
-from ._knobs import scheduler_payload
+from ._knobs import TrainingKnobs, scheduler_payload
 from ._metrics import resolve_metrics
 from ._predict_torch import torch_predictor
 from ._spec import data_spec_fields
@@ -129,7 +129,7 @@ def train_spec(cfg: Any, data: Any, lightning: bool) -> TrainSpec:
     """The :class:`TrainSpec` of a fit of ``cfg`` on ``data`` (``lightning``: the model
     brings its own ``configure_optimizers`` / ``training_step``)."""
     optimizer_cls = type(cfg.optimizer) if cfg.optimizer is not None else None
-    knobs = cfg.knobs
+    knobs = getattr(cfg, "knobs", None) or TrainingKnobs()  # a config made by hand: none
     loop_objects = (
         knobs.loss_constructors,
         scheduler_payload(knobs.lr_scheduler),
