@@ -9,6 +9,7 @@ work too: ``RayExecutor.create_settings(...)``, ``RayExecutor(settings, num_work
 """
 
 from . import _logger as ray_logger
+from ._callbacks import Callback
 from ._checkpoint import Checkpoint
 from ._config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ._elastic_executor import ElasticRayExecutor
@@ -19,6 +20,7 @@ from ._settings import RaySettings
 from ._trainer import Result, RingTrainer
 
 __all__ = [
+    "Callback",
     "Checkpoint",
     "CheckpointConfig",
     "ElasticRayExecutor",

@@ -335,6 +335,7 @@ PUBLIC = {
         "wait_for_slots",
     },
     "ray_runner": {
+        "Callback",
         "Checkpoint",
         "CheckpointConfig",
         "ElasticRayExecutor",
