@@ -30,6 +30,7 @@ from pyspark.ml import Estimator
 from pyspark.ml.util import MLReadable, MLWritable
 from pyspark.sql import DataFrame, SparkSession
 
+from ringcore.progress import progress_enabled
 from spark_runner import is_connect
 
 from ._accessors import EstimatorAccessors
@@ -38,7 +39,7 @@ from ._config import FitConfig, resolve_config
 from ._frameworks import get_framework
 from ._launch import check_slots, launch, spark_launcher
 from ._lightning import with_lightning_params
-from ._mlflow import log_to_mlflow
+from ._mlflow import MlflowTracker, log_model_to_mlflow
 from ._model import RingModel
 from ._params import (
     ESTIMATOR_PARAMS,
@@ -170,6 +171,7 @@ class RingEstimator(EstimatorAccessors, Estimator, MLWritable, MLReadable["RingE
         epochs: int = 1,
         shuffle: bool = True,
         verbose: int = 1,
+        progress: bool = True,
         random_seed: int | None = None,
         store: Store | str | None = None,
         run_id: str | None = None,
@@ -302,10 +304,18 @@ class RingEstimator(EstimatorAccessors, Estimator, MLWritable, MLReadable["RingE
         fn, args = framework.worker(cfg, data)
         if cfg.knobs.backend_env:  # Horovod's backend_env: set in every worker for the fit
             fn, args = _with_env, (fn, dict(cfg.knobs.backend_env), *args)
-        with HistoryPrinter(cfg.store, cfg.run_id, cfg.epochs, enabled=cfg.verbose >= 1) as printer:
-            history = launch(self.launcher, fn, args, cfg)[0]  # explains store failures
+        tracker = MlflowTracker(cfg)  # params now, each epoch as it lands, FAILED on error
+        show = cfg.verbose >= 1 and progress_enabled(self.getOrDefault("progress"))
+        with HistoryPrinter(
+            cfg.store, cfg.run_id, cfg.epochs, cfg.verbose >= 1, None, show, tracker.log_epoch
+        ) as printer:
+            try:
+                history = launch(self.launcher, fn, args, cfg)[0]  # explains store failures
+            except BaseException:
+                tracker.fail()
+                raise
             printer.finish(history)
-        log_to_mlflow(cfg, history)
+        tracker.finish(history)
         return history
 
     def _build(
@@ -325,4 +335,5 @@ class RingEstimator(EstimatorAccessors, Estimator, MLWritable, MLReadable["RingE
         )
         if cfg.label_kinds is not None:  # Vector labels give Vector outputs (RingModel.transform)
             model.setLabelKinds(cfg.label_kinds)
+        log_model_to_mlflow(cfg.framework, model.getModel())  # when an MLflow run is active
         return model

@@ -1,17 +1,32 @@
-"""Optional MLflow logging of a fit, on the driver.
+"""Optional MLflow tracking of a fit, on the driver, live.
 
 When ``mlflow`` is imported in the driver and a run is active (``mlflow.start_run()``),
-``fit`` logs the run's params (``ringtrain.*``) and every epoch's metrics (step = the
-epoch number, from 1) to that run after training. Nothing is imported otherwise: a run
-can only be active when the user's code has imported mlflow already.
+``fit`` logs to that run: the params (``ringtrain.*``) before the workers start; each
+epoch's metrics (step = the epoch number, from 1) as soon as rank 0 has written that
+epoch to the store (the driver's history poller hands it over); the trained model at
+the end (``mlflow.pytorch.log_model`` for torch and Lightning, ``mlflow.keras`` for
+Keras; a model that the flavour cannot log is warned about, the fit is not failed);
+and a failed fit ends the run with status ``FAILED``. Nothing is imported otherwise: a
+run can only be active when the user's code has imported mlflow already.
+
+The poller runs on another thread, where MLflow's fluent API sees no active run, so
+metrics go through an ``MlflowClient`` with the run's id.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
+import threading
+import time
+import warnings
 from typing import Any
 
-__all__ = ["log_to_mlflow"]
+log = logging.getLogger("ringtrain.estimators")
+
+__all__ = ["MlflowTracker", "log_model_to_mlflow", "log_to_mlflow"]
+
+MODEL_ARTIFACT = "model"
 
 
 def _params(cfg: Any) -> dict[str, Any]:
@@ -27,17 +42,105 @@ def _params(cfg: Any) -> dict[str, Any]:
     }
 
 
-def log_to_mlflow(cfg: Any, history: list[dict[str, Any]]) -> bool:
-    """Log to the active MLflow run, if any; returns whether it logged."""
+def _metrics(entry: dict[str, Any]) -> dict[str, float]:
+    return {
+        k: float(v)
+        for k, v in entry.items()
+        if k != "epoch" and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
+def _active_run() -> Any:
     mlflow = sys.modules.get("mlflow")
-    if mlflow is None or mlflow.active_run() is None:
-        return False
-    mlflow.log_params(_params(cfg))
-    for entry in history:
-        metrics = {
-            k: float(v)
-            for k, v in entry.items()
-            if k != "epoch" and isinstance(v, (int, float)) and not isinstance(v, bool)
-        }
-        mlflow.log_metrics(metrics, step=int(entry["epoch"]))
-    return True
+    return None if mlflow is None else mlflow.active_run()
+
+
+class MlflowTracker:
+    """One fit's logging to the active MLflow run; a no-op object when there is none."""
+
+    def __init__(self, cfg: Any):
+        run = _active_run()
+        self.run_id: str | None = run.info.run_id if run is not None else None
+        self._logged: set[int] = set()
+        self._lock = threading.Lock()
+        if self.run_id is not None:
+            sys.modules["mlflow"].log_params(_params(cfg))
+
+    def log_epoch(self, entry: dict[str, Any]) -> None:
+        """Log one history entry (once per epoch number, from any thread)."""
+        if self.run_id is None:
+            return
+        epoch = int(entry["epoch"])
+        with self._lock:
+            if epoch in self._logged:
+                return
+            self._logged.add(epoch)
+        from mlflow.entities import Metric
+        from mlflow.tracking import MlflowClient
+
+        stamp = int(time.time() * 1000)
+        metrics = [Metric(k, v, stamp, epoch) for k, v in _metrics(entry).items()]
+        MlflowClient().log_batch(self.run_id, metrics=metrics)
+
+    def finish(self, history: list[dict[str, Any]]) -> None:
+        for entry in history:
+            self.log_epoch(entry)
+
+    def fail(self) -> None:
+        """End the run with status FAILED (the fit raised)."""
+        if self.run_id is None:
+            return
+        mlflow = sys.modules["mlflow"]
+        active = mlflow.active_run()
+        if active is not None and active.info.run_id == self.run_id:
+            mlflow.end_run(status="FAILED")
+        else:
+            from mlflow.tracking import MlflowClient
+
+            MlflowClient().set_terminated(self.run_id, status="FAILED")
+
+
+def log_to_mlflow(cfg: Any, history: list[dict[str, Any]]) -> bool:
+    """Log params and every epoch to the active MLflow run, if any, after the fact;
+    returns whether it logged."""
+    tracker = MlflowTracker(cfg)
+    tracker.finish(history)
+    return tracker.run_id is not None
+
+
+def log_model_to_mlflow(framework: str, model: Any) -> str | None:
+    """Log the trained model to the active run (``model``); its URI, or None when no run
+    is active or the flavour could not log it (then a warning says why)."""
+    if _active_run() is None:
+        return None
+    try:
+        with warnings.catch_warnings():  # MLflow's own notes on type hints, not ours to raise
+            warnings.simplefilter("ignore")
+            return _log_model(framework, model)
+    except Exception as exc:  # the fit succeeded: a model MLflow cannot log is no failure
+        log.warning(
+            "could not log the trained %s model to MLflow (%s: %s); the run has its params "
+            "and metrics, and the model is in the store's checkpoint",
+            framework,
+            type(exc).__name__,
+            exc,
+        )
+        return None
+
+
+def _log_model(framework: str, model: Any) -> str:
+    if framework == "keras":
+        import mlflow.keras
+
+        info = mlflow.keras.log_model(model, name=MODEL_ARTIFACT)
+    else:
+        import mlflow.pytorch
+        import torch
+
+        info = mlflow.pytorch.log_model(
+            model,
+            name=MODEL_ARTIFACT,
+            serialization_format="pickle",  # pt2 would need an input example
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+        )
+    return str(info.model_uri)

@@ -262,6 +262,7 @@ ESTIMATOR_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("epochs", _int, 1, "passes over the training data"),
     ParamSpec("shuffle", _bool, True, "shuffle the training rows each epoch"),
     ParamSpec("verbose", _int, 1, "0: silent; 1: one line of metrics per epoch"),
+    ParamSpec("progress", _bool, True, "a live progress bar on the driver (step, loss, rows/s of rank 0): a tqdm bar on a terminal, the notebook widget in Jupyter, else a plain line every few seconds; RING_PROGRESS=0 turns it off everywhere"),
     ParamSpec("random_seed", _int, None, "seed of the validation split and the shuffles; default: random"),
     ParamSpec("store", _to_store, None, "Store (or a path) for the intermediate data and the runs; default: a new temporary directory"),
     ParamSpec("run_id", _str, None, "name of this run under <store>/runs/; an existing run resumes from its checkpoint; default: generated"),

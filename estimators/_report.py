@@ -1,10 +1,13 @@
-"""Per-epoch metrics on the driver's stdout, live while the workers train.
+"""A fit's metrics on the driver, live while the workers train.
 
 Rank 0 rewrites ``<store>/runs/<run_id>/logs/history.json`` (atomically) after every
-epoch; :class:`HistoryPrinter` polls that file from one daemon thread and prints
-each new epoch once, then prints whatever is left when ``fit`` gets the history
-back. Worker output itself may not reach the driver's stdout (local mode), the
-Store always does.
+epoch, and ``progress.json`` beside it a few times a second (``_progress``).
+:class:`HistoryPrinter` polls both from one daemon thread every :data:`_POLL_S`: each
+new epoch is printed once (``verbose >= 1``) and handed to ``on_epoch`` (MLflow's live
+logging), and the latest progress goes to a :class:`~._progress.ProgressDisplay` (a
+bar, or plain lines) when ``progress`` is on. When ``fit`` gets the history back, what
+is left is printed and handed on. Worker output itself may not reach the driver's
+stdout (local mode), the Store always does.
 """
 
 from __future__ import annotations
@@ -12,13 +15,18 @@ from __future__ import annotations
 import json
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any, TextIO
 
+from ringcore.progress import ProgressDisplay
+
+from ._progress import progress_path
 from ._store import Store
 
 __all__ = ["HistoryPrinter", "format_epoch"]
 
-_POLL_S = 0.5
+#: how often the driver reads the history and progress files (a few updates a second)
+_POLL_S = 0.3
 
 
 def format_epoch(entry: dict[str, Any], epochs: int) -> str:
@@ -35,39 +43,67 @@ def format_epoch(entry: dict[str, Any], epochs: int) -> str:
 
 
 class HistoryPrinter:
-    """Context manager printing each epoch of a run exactly once."""
+    """Context manager printing each epoch of a run exactly once (``enabled``), showing
+    rank 0's progress (``progress``) and calling ``on_epoch(entry)`` for each new epoch."""
 
     def __init__(
-        self, store: Store, run_id: str, epochs: int, enabled: bool, out: TextIO | None = None
+        self,
+        store: Store,
+        run_id: str,
+        epochs: int,
+        enabled: bool,
+        out: TextIO | None = None,
+        progress: bool = False,
+        on_epoch: Callable[[dict[str, Any]], None] | None = None,
     ):
         self._store = store
         self._path = store.get_history_path(run_id)
+        self._progress_path = progress_path(store, run_id)
         self._epochs = epochs
         self._enabled = enabled
         self._out = out or sys.stdout
+        self._on_epoch = on_epoch
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._printed = len(self._read())  # epochs of an earlier fit of this run_id
+        self._printed = len(self._read(self._path))  # epochs of an earlier fit of this run_id
+        self._seen_progress = self._read(self._progress_path, None)  # an earlier fit's
+        self.display = ProgressDisplay(self._out) if progress else None
         self._thread: threading.Thread | None = None
 
-    def _read(self) -> list[dict[str, Any]]:
+    def _read(self, path: str, empty: Any = ()) -> Any:
         try:
-            return list(self._store.read_json(self._path))
-        except (FileNotFoundError, json.JSONDecodeError):
-            return []
+            return self._store.read_json(path)
+        except (OSError, json.JSONDecodeError):
+            return list(empty) if isinstance(empty, tuple) else empty
 
     def _print_new(self, history: list[dict[str, Any]]) -> None:
         with self._lock:
             for entry in history[self._printed :]:
-                print(format_epoch(entry, self._epochs), file=self._out, flush=True)
+                if self._enabled:
+                    line = format_epoch(entry, self._epochs)
+                    if self.display is not None:
+                        self.display.write(line)
+                    else:
+                        print(line, file=self._out, flush=True)
+                if self._on_epoch is not None:
+                    self._on_epoch(entry)
             self._printed = max(self._printed, len(history))
+
+    def _show_progress(self) -> None:
+        progress = self._read(self._progress_path, None)
+        if isinstance(progress, dict) and progress != self._seen_progress:
+            self._seen_progress = None  # from now on every change is this fit's
+            with self._lock:
+                self.display.update(progress)
 
     def _poll(self) -> None:
         while not self._stop.wait(_POLL_S):
-            self._print_new(self._read())
+            if self.display is not None:
+                self._show_progress()
+            self._print_new(list(self._read(self._path)))
 
     def __enter__(self) -> HistoryPrinter:
-        if self._enabled:
+        if self._enabled or self.display is not None or self._on_epoch is not None:
             self._thread = threading.Thread(
                 target=self._poll, name="ringtrain-history", daemon=True
             )
@@ -75,16 +111,17 @@ class HistoryPrinter:
         return self
 
     def finish(self, history: list[dict[str, Any]]) -> None:
-        """Stop polling and print the epochs of ``history`` not printed yet."""
+        """Stop polling and print (and hand on) the epochs of ``history`` not seen yet."""
         self._close()
-        if self._enabled:
-            self._print_new(history)
+        self._print_new(history)
 
     def _close(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        if self.display is not None:
+            self.display.close()
 
     def __exit__(self, *exc: object) -> None:
         self._close()

@@ -42,6 +42,7 @@ from pyspark.sql.types import ArrayType, DataType, DoubleType
 
 from ringcore.data import make_reader, read_shard, to_numpy_columns
 
+from ._progress import keras_progress_callbacks
 from ._spec import DataSpec, data_spec_fields, writer
 from ._train_torch import _columns, _local_copies
 
@@ -332,6 +333,7 @@ def train_keras(spec: KerasTrainSpec) -> list[dict[str, Any]] | None:
                     hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                     hvd.callbacks.MetricAverageCallback(),
                     _epoch_callback(spec, history, hvd.rank()),
+                    *keras_progress_callbacks(spec, hvd.rank(), history),  # rank 0: progress, TB
                     *(cloudpickle.loads(spec.callbacks) if spec.callbacks else []),
                 ],
             )

@@ -35,6 +35,7 @@ from ._callbacks import CallbackList
 from ._knobs import TrainingKnobs, best_and_wait, build_scheduler, is_plateau
 from ._lightning import LogRecorder
 from ._metrics import resolve_metrics
+from ._progress import torch_progress_callbacks
 from ._spec import DataSpec, writer
 
 __all__ = ["TrainSpec", "as_outputs", "to_device", "to_inputs", "train"]
@@ -170,7 +171,7 @@ def _rebuild(spec: TrainSpec) -> _Task:
         optimizer,
         _per_label(losses, count),
         resolve_metrics(metrics),
-        CallbackList(callbacks),
+        CallbackList([*callbacks, *torch_progress_callbacks(spec, hvd.rank())]),
         device,
         knobs,
         _per_label(knobs.loss_weights or [1.0], count),

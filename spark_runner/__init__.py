@@ -12,10 +12,13 @@ scripts, the demo). ``is_connect(spark)`` tells a Spark Connect session from a c
 ``wait_for_slots(spark, num_proc, timeout_s)`` (a SparkSession, classic or Connect, or a
 SparkContext) fails before any job when the cluster cannot hold ``num_proc`` barrier tasks;
 ``default_num_proc(spark)`` is the ``num_proc`` that ``run`` uses when none is given.
+``progress(step=..., total=..., loss=...)`` inside ``fn`` drives the driver's progress bar
+(rank 0's reports, over the output connection).
 """
 
 from ._connect import is_connect
 from ._elastic import run_elastic
+from ._output import progress
 from ._platform import DEFAULT_START_TIMEOUT_S
 from ._run import START_TIMEOUT_ENV_VAR, TOPOLOGY_HOSTS_ENV_VAR, run
 from ._session import local_session
@@ -32,6 +35,7 @@ __all__ = [
     "default_num_proc",
     "is_connect",
     "local_session",
+    "progress",
     "run",
     "run_elastic",
     "wait_for_slots",

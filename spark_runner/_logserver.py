@@ -10,10 +10,13 @@ before anything else is read from it.
 Elastic jobs also use the connections as the membership signal: a task names its
 worker id in the handshake, so the driver knows at once (the socket closes) when a
 worker's process dies; a ``D`` line says that the worker returned from its function.
+A ``P`` line carries rank 0's progress (``spark_runner.progress``) as a JSON object,
+handed to the ``on_progress`` callable (the driver's progress bar).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import socket
@@ -34,6 +37,8 @@ MAX_HANDSHAKES = 64
 #: how long the accept loop pauses after an error such as EMFILE (too many open files)
 ACCEPT_RETRY_S = 0.1
 STDOUT_TAG, STDERR_TAG, DONE_TAG = "O", "E", "D"
+#: a line of rank 0's progress, a JSON object (``spark_runner.progress``)
+PROGRESS_TAG = "P"
 
 
 def _read_line(sock: socket.socket, limit: int) -> str:
@@ -56,8 +61,10 @@ class LogServer:
         bind_host: str = "127.0.0.1",
         attempt_of: Callable[[int], int] | None = None,
         advertised_host: str | None = None,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
     ):
         self.advertised_host = advertised_host or bind_host
+        self._on_progress = on_progress  # gets each progress line's object
         self._attempt_of = attempt_of or (lambda stage_id: 0)
         self.secret = secrets.token_hex(32)
         self._targets = {STDOUT_TAG: stdout, STDERR_TAG: stderr}
@@ -159,6 +166,9 @@ class LogServer:
                         with self._write_lock:
                             self._finished.add(worker_id)
                         continue
+                    if line.startswith(PROGRESS_TAG):
+                        self._progress(line[1:])
+                        continue
                     self._write(line)
         except OSError as exc:
             log.debug("log connection from %s ended: %s", peer, exc)
@@ -177,6 +187,19 @@ class LogServer:
         """The workers that said they returned from their function."""
         with self._write_lock:
             return set(self._finished)
+
+    def _progress(self, text: str) -> None:
+        """Hand a progress line's JSON object to ``on_progress`` (dropped without one, or
+        when it is not an object: progress never fails the job)."""
+        if self._on_progress is None:
+            return
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return
+        if isinstance(value, dict):
+            with self._write_lock:
+                self._on_progress(value)
 
     def _write(self, line: str) -> None:
         target = self._targets.get(line[:1])

@@ -1,7 +1,11 @@
-"""The task's side of output forwarding: prefixed lines to the driver's log server."""
+"""The task's side of output forwarding: prefixed lines to the driver's log server,
+and rank 0's progress (:func:`progress`) over the same connection."""
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import socket
 import sys
 import threading
@@ -9,7 +13,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._logserver import DONE_TAG, HANDSHAKE_TIMEOUT_S, STDERR_TAG, STDOUT_TAG, _read_line, answer
+from ringcore.launch import RANK_ENV_VAR
+
+from ._logserver import (
+    DONE_TAG,
+    HANDSHAKE_TIMEOUT_S,
+    PROGRESS_TAG,
+    STDERR_TAG,
+    STDOUT_TAG,
+    _read_line,
+    answer,
+)
 
 TIMESTAMP_FORMAT = "%a %b %d %H:%M:%S %Y"  # Horovod's
 
@@ -27,6 +41,7 @@ class LogConnection:
         self.stage_attempt = int(_read_line(self._sock, 32) or 0)
         self._sock.settimeout(None)
         self._lock = threading.Lock()
+        _Progress.connection = self  # this task's channel for progress()
 
     def send(self, tag: str, line: str) -> None:
         data = (tag + line + "\n").encode("utf-8", errors="replace")
@@ -38,6 +53,9 @@ class LogConnection:
         self.send(DONE_TAG, "")
 
     def close(self) -> None:
+        if _Progress.connection is self:
+            _Progress.connection = None
+            _Progress.reset()
         self._sock.close()
 
 
@@ -119,3 +137,64 @@ def stream_pair(
         PrefixedLines(STDOUT_TAG, rank, conn, sys.stdout, timestamps),
         PrefixedLines(STDERR_TAG, rank, conn, sys.stderr, timestamps),
     )
+
+
+#: rank 0 sends a progress line at most this often (and always the last step of ``total``)
+PROGRESS_INTERVAL_S = 0.3
+
+
+class _Progress:
+    """This task's progress state (one task per Python worker at a time)."""
+
+    connection: LogConnection | None = None
+    started: tuple[float, int] | None = None  # (time, step) of the first report
+    last_sent = float("-inf")
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.started, cls.last_sent = None, float("-inf")
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"progress({name}=...) takes a finite number, got {value!r}")
+    return float(value)
+
+
+def progress(
+    step: int, total: int | None = None, loss: float | None = None, **metrics: Any
+) -> None:
+    """Report this rank's training progress to the driver's progress bar.
+
+    Call it from the function that ``spark_runner.run`` runs, e.g. after every step:
+    ``spark_runner.progress(step=i + 1, total=n, loss=loss.item())``. Only rank 0's
+    reports are shown; the driver gets at most one every ``PROGRESS_INTERVAL_S`` seconds
+    (the last step of ``total`` always), with the steps per second since the first
+    report. ``metrics``: more numbers to show (``lr=0.01``). Outside a
+    ``spark_runner.run`` task it does nothing, so the same function runs anywhere.
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise TypeError(f"progress(step=...) takes an integer >= 0, got {step!r}")
+    if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total < 1):
+        raise TypeError(f"progress(total=...) takes an integer >= 1 or None, got {total!r}")
+    value: dict[str, Any] = {"step": step, "total": total}
+    if loss is not None:
+        value["loss"] = _number("loss", loss)
+    value.update({k: _number(k, v) for k, v in metrics.items()})
+    conn = _Progress.connection
+    if conn is None or os.environ.get(RANK_ENV_VAR, "0") != "0":
+        return
+    now = time.monotonic()
+    if _Progress.started is None:
+        _Progress.started = (now, step)
+    last = total is not None and step >= total
+    if now - _Progress.last_sent < PROGRESS_INTERVAL_S and not last:
+        return
+    _Progress.last_sent = now
+    t0, s0 = _Progress.started
+    if now > t0 and step > s0:
+        value["steps_per_s"] = round((step - s0) / (now - t0), 3)
+    try:
+        conn.send(PROGRESS_TAG, json.dumps(value))
+    except OSError:
+        _Progress.connection = None  # the driver went away: training goes on

@@ -16,6 +16,7 @@ import cloudpickle
 
 from ringcore import RingError, cuda_built
 from ringcore.launch import NICS_ENV_VARS, dumps_with_user_code, get_float, nic_names
+from ringcore.progress import ProgressDisplay, progress_enabled
 
 from . import _connect
 from ._errors import decode_worker_error, executor_import_error, executors_python
@@ -49,12 +50,30 @@ def _active_session():
     return spark
 
 
+def _logging_configured(logger: logging.Logger) -> bool:
+    """Whether a record of ``logger`` reaches a handler someone installed."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        if current.handlers:
+            return True
+        current = current.parent if current.propagate else None
+    return False
+
+
 def _say(verbose: int, needed: int, msg: str, *args: Any) -> None:
-    """Log at INFO when ``verbose >= needed``, else at DEBUG."""
-    log.log(logging.INFO if verbose >= needed else logging.DEBUG, msg, *args)
+    """Log at INFO when ``verbose >= needed``, else at DEBUG. When no handler is
+    configured (no ``logging.basicConfig``), the INFO lines go to stderr instead of
+    vanishing; with logging configured they go through it only (no duplicates)."""
+    level = logging.INFO if verbose >= needed else logging.DEBUG
+    if level == logging.INFO and not _logging_configured(log):
+        print(f"[ringtrain] {msg % args}", file=sys.stderr, flush=True)
+        return
+    log.log(level, msg, *args)
 
 
-def _check_options(fn, env, verbose, use_gpu) -> None:
+def _check_options(fn, env, verbose, use_gpu, progress=None) -> None:
+    if progress not in (None, True, False):
+        raise TypeError(f"progress must be None, True or False, got {progress!r}")
     if not callable(fn):
         raise TypeError(f"run takes a callable as fn, got {type(fn).__name__}")
     if env is not None and not all(
@@ -159,9 +178,12 @@ def _stage_attempt(sc: Any, stage_id: int) -> int:
     return int(info.currentAttemptId) if info is not None else 0
 
 
-def _log_server(spark: Any, stdout: Any, stderr: Any, num_proc: int) -> LogServer:
+def _log_server(
+    spark: Any, stdout: Any, stderr: Any, num_proc: int, display: ProgressDisplay | None = None
+) -> LogServer:
     stdout = stdout if stdout is not None else sys.stdout
     stderr = stderr if stderr is not None else sys.stderr
+    on_progress = display.update if display is not None else None
     if _connect.is_connect(spark):  # this client is not Spark's driver: listen where it is
         host = _connect.client_address(spark)
         bind = defaults().log_bind_host or host
@@ -171,6 +193,7 @@ def _log_server(spark: Any, stdout: Any, stderr: Any, num_proc: int) -> LogServe
             bind_host=bind,
             attempt_of=_connect.AttemptCounter(num_proc),
             advertised_host=host,
+            on_progress=on_progress,
         )
     sc = spark.sparkContext
     conf = sc.getConf()
@@ -182,6 +205,7 @@ def _log_server(spark: Any, stdout: Any, stderr: Any, num_proc: int) -> LogServe
         bind_host=bind,
         attempt_of=lambda stage_id: _stage_attempt(sc, stage_id),
         advertised_host=host,
+        on_progress=on_progress,
     )
 
 
@@ -202,6 +226,7 @@ def run(
     extra_mpi_args: str | None = None,
     nics: Any = None,
     executable: str | None = None,
+    progress: bool | None = None,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``num_proc`` ranks, one Spark task each, and
     return every rank's return value ordered by rank.
@@ -211,7 +236,14 @@ def run(
     carrying its rank, host and traceback. What the workers print reaches ``stdout`` /
     ``stderr`` (default: this process's) live, each line prefixed ``[rank]<stdout>:``
     (after a timestamp with ``prefix_output_with_timestamp``). ``verbose``: 0 quiet,
-    1 a line at launch and end, 2 more (logger ``ringtrain.spark_runner``).
+    1 a line at launch and end, 2 more (logger ``ringtrain.spark_runner``; without any
+    logging configured these lines go to stderr).
+
+    ``progress``: when ``fn`` calls ``spark_runner.progress(step=..., total=...,
+    loss=...)``, rank 0's reports drive a progress bar on ``stdout`` (a tqdm bar on a
+    terminal, the widget in a notebook, else a line every few seconds). None (the
+    default) and True show it when ``verbose >= 1`` and ``RING_PROGRESS`` is not 0;
+    False never.
 
     ``use_gpu``: None pins the GPUs Spark assigns to each task
     (``spark.task.resource.gpu.amount``) when there are any; True also pins by local
@@ -235,7 +267,8 @@ def run(
     ``extra_mpi_args`` raise (MPI under Spark is not supported); ``executable`` other than
     this interpreter raises (set ``spark.pyspark.python``).
     """
-    _check_options(fn, env, verbose, use_gpu)
+    _check_options(fn, env, verbose, use_gpu, progress)
+    show = verbose >= 1 and progress_enabled(progress)
     env = horovod_options_env(env, use_gloo, use_mpi, extra_mpi_args, nics, executable)
     spark = _active_session()
     connect = _connect.is_connect(spark)
@@ -248,7 +281,8 @@ def run(
     slots = wait_for_slots(spark, num_proc, timeout)  # classic or Connect
     _say(verbose, 2, "the cluster offers %d task slots for %d ranks", slots, num_proc)
     payload = dumps_with_user_code((fn, tuple(args), dict(kwargs or {})), fn)
-    server = _log_server(spark, stdout, stderr, num_proc)
+    display = ProgressDisplay(stdout, desc=getattr(fn, "__name__", "fn")) if show else None
+    server = _log_server(spark, stdout, stderr, num_proc, display)
     spec = TaskSpec(
         num_proc=num_proc,
         env=dict(env or {}),
@@ -267,6 +301,8 @@ def run(
             blobs = _run_stage(sc, fn, payload, spec, verbose)
     finally:
         server.close()
+        if display is not None:
+            display.close()
     results = dict(cloudpickle.loads(b) for b in blobs)
     return [results[r] for r in range(num_proc)]
 

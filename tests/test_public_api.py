@@ -330,6 +330,7 @@ PUBLIC = {
         "default_num_proc",
         "is_connect",
         "local_session",
+        "progress",
         "run",
         "run_elastic",
         "wait_for_slots",
