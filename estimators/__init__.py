@@ -4,12 +4,15 @@
 .fit(df)`` trains a torch ``nn.Module`` on ``num_proc`` Spark tasks and returns a
 :class:`RingModel`, whose ``transform(df)`` appends ``<label>__output`` columns.
 Intermediate Parquet data and checkpoints live in a :class:`Store`.
+``read_tensorboard_scalars(store, run_id)`` reads back the TensorBoard scalars rank 0
+wrote under the run's logs folder.
 """
 
 from ._callbacks import Callback
 from ._estimator import RingEstimator
 from ._model import RingModel
 from ._store import DBFSLocalStore, FsspecStore, LocalStore, Store, VolumeStore, default_store
+from ._tensorboard import read_tensorboard_scalars
 
 __all__ = [
     "Callback",
@@ -21,4 +24,5 @@ __all__ = [
     "Store",
     "VolumeStore",
     "default_store",
+    "read_tensorboard_scalars",
 ]

@@ -103,6 +103,8 @@ class HistoryPrinter:
             self._print_new(list(self._read(self._path)))
 
     def __enter__(self) -> HistoryPrinter:
+        if self.display is not None:
+            self.display.open()
         if self._enabled or self.display is not None or self._on_epoch is not None:
             self._thread = threading.Thread(
                 target=self._poll, name="ringtrain-history", daemon=True

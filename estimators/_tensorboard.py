@@ -22,7 +22,7 @@ import struct
 import tempfile
 from typing import Any
 
-__all__ = ["EVENT_GLOB", "ScalarWriter", "read_run_scalars", "read_scalars"]
+__all__ = ["EVENT_GLOB", "ScalarWriter", "read_scalars", "read_tensorboard_scalars"]
 
 EVENT_GLOB = "events.out.tfevents.*"
 
@@ -127,7 +127,7 @@ def read_scalars(folder: str) -> dict[str, list[tuple[int, float]]]:
     return out
 
 
-def read_run_scalars(store: Any, run_id: str) -> dict[str, list[tuple[int, float]]]:
+def read_tensorboard_scalars(store: Any, run_id: str) -> dict[str, list[tuple[int, float]]]:
     """:func:`read_scalars` of a run's logs folder in ``store`` (local or remote)."""
     folder = store.get_logs_path(run_id)
     if store.is_local():

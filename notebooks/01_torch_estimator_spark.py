@@ -116,8 +116,10 @@ estimator = RingEstimator(
 # ## Fit
 #
 # The data goes to Parquet under the store, two Spark tasks form the ring and
-# train; one line per epoch appears here as the epochs finish. Rank 0 writes a
-# checkpoint after every epoch: a fit with the same `run_id` resumes from it.
+# train; a progress bar follows rank 0's steps (loss, rows per second) and one line
+# per epoch appears here as the epochs finish (`progress=False`, or
+# `RING_PROGRESS=0`, turns the bar off). Rank 0 writes a checkpoint after every
+# epoch: a fit with the same `run_id` resumes from it.
 
 # %%
 ring_model = estimator.fit(train_df)
@@ -143,6 +145,33 @@ fig.tight_layout()
 fig.savefig(os.path.join(WORK_DIR, "history.png"))
 plt.show()
 assert len(history) == EPOCHS
+
+# %% [markdown]
+# ## TensorBoard curves
+#
+# Rank 0 also wrote TensorBoard event files under the run's logs folder in the store
+# (`<store>/runs/<run_id>/logs`): the loss of every step and every epoch's metrics.
+# `tensorboard --logdir <that folder>` shows them; here they are read back without a
+# server.
+
+# %%
+from estimators import read_tensorboard_scalars
+
+scalars = read_tensorboard_scalars(store, ring_model.getRunId())
+print("tags:", ", ".join(sorted(scalars)))
+fig, (ax_step, ax_epoch) = plt.subplots(1, 2, figsize=(10, 3.5))
+steps, values = zip(*scalars["step/loss"])
+ax_step.plot(steps, values, linewidth=0.8)
+ax_step.set(title="loss per step (rank 0)", xlabel="step")
+for tag in ("epoch/train_loss", "epoch/val_loss"):
+    epochs, values = zip(*scalars[tag])
+    ax_epoch.plot(epochs, values, marker="o", label=tag.split("/")[1])
+ax_epoch.set(title="loss per epoch", xlabel="epoch")
+ax_epoch.legend()
+fig.tight_layout()
+fig.savefig(os.path.join(WORK_DIR, "tensorboard.png"))
+plt.show()
+assert [e for e, _ in scalars["epoch/train_loss"]] == list(range(1, EPOCHS + 1))
 
 # %% [markdown]
 # ## Predict on the executors

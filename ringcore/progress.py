@@ -136,6 +136,13 @@ class ProgressDisplay:
             from tqdm import tqdm
         return tqdm(total=total, file=self._out, desc=self._desc, unit="step", dynamic_ncols=True)
 
+    def open(self) -> ProgressDisplay:
+        """Show the notebook widget now, from the calling (the cell's) thread: output a
+        kernel gets from a poller thread may land in another cell, widget updates do not."""
+        if self.kind == "notebook" and self._bar is None:
+            self._bar = self._make_bar(None)
+        return self
+
     def update(self, p: dict[str, Any]) -> None:
         if p == self._last:
             return
@@ -150,6 +157,8 @@ class ProgressDisplay:
         done, total = _position(p)
         if self._bar is None:
             self._bar = self._make_bar(total)
+        elif total and self._bar.total != total:
+            self._bar.reset(total=total)
         self._bar.n = min(done, total) if total else done
         postfix: dict[str, str] = {}
         if p.get("epochs"):

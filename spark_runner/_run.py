@@ -281,7 +281,8 @@ def run(
     slots = wait_for_slots(spark, num_proc, timeout)  # classic or Connect
     _say(verbose, 2, "the cluster offers %d task slots for %d ranks", slots, num_proc)
     payload = dumps_with_user_code((fn, tuple(args), dict(kwargs or {})), fn)
-    display = ProgressDisplay(stdout, desc=getattr(fn, "__name__", "fn")) if show else None
+    name = getattr(fn, "__name__", "fn")
+    display = ProgressDisplay(stdout, desc=name).open() if show else None
     server = _log_server(spark, stdout, stderr, num_proc, display)
     spec = TaskSpec(
         num_proc=num_proc,

@@ -20,6 +20,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,8 +144,9 @@ def _descendants(pid: int) -> set:
         return set()
 
 
-def _execute(path: Path, workdir: Path) -> None:
-    """Run every cell of ``path`` on a fresh kernel; raise on the first cell error.
+def _execute(path: Path, workdir: Path) -> Any:
+    """Run every cell of ``path`` on a fresh kernel; raise on the first cell error; the
+    executed notebook.
 
     Afterwards, every process the kernel started must have ended with it.
     """
@@ -174,10 +176,22 @@ def _execute(path: Path, workdir: Path) -> None:
                 proc.kill()
     left = [f"{p.pid} {p.name()}" for p in alive if p.is_running()]
     assert not alive, f"{path.name} left processes running after its kernel ended: {left or alive}"
+    return nb
+
+
+def _outputs_of(nb: Any, code: str) -> list[dict]:
+    """The outputs of the code cell whose source contains ``code``."""
+    (cell,) = [c for c in nb.cells if c.cell_type == "code" and code in c.source]
+    return list(cell.outputs)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("name", [n for n in _notebook_names() if n not in NOT_EXECUTED])
 def test_the_notebook_runs_headless_without_a_cell_error(name, kernel_env, tmp_path):
-    _execute(NOTEBOOKS / name, tmp_path)
+    nb = _execute(NOTEBOOKS / name, tmp_path)
+    if name.startswith("01_"):  # issue 23: the fit's progress bar and the TensorBoard curves
+        fit = _outputs_of(nb, "ring_model = estimator.fit(train_df)")
+        assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in fit)
+        tags = "".join(o.get("text", "") for o in _outputs_of(nb, "read_tensorboard_scalars(store"))
+        assert "epoch/train_loss" in tags and "epoch/val_loss" in tags and "step/loss" in tags

@@ -171,8 +171,12 @@ def test_launch_lines_go_through_logging_alone_once_it_is_configured(capsys, mon
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     monkeypatch.setattr(logging.getLogger(), "handlers", [handler])
-    monkeypatch.setattr(spark_run.log, "level", logging.INFO)
-    spark_run._say(1, 1, "launching %s on %d Spark barrier tasks", "fn", 2)
+    previous = spark_run.log.level
+    spark_run.log.setLevel(logging.INFO)  # setLevel, not setattr: it clears the level cache
+    try:
+        spark_run._say(1, 1, "launching %s on %d Spark barrier tasks", "fn", 2)
+    finally:
+        spark_run.log.setLevel(previous)
     assert stream.getvalue() == "launching fn on 2 Spark barrier tasks\n"
     assert "launching" not in capsys.readouterr().err
 

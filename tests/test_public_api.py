@@ -366,6 +366,7 @@ PUBLIC = {
         "Store",
         "VolumeStore",
         "default_store",
+        "read_tensorboard_scalars",
     },
 }
 

@@ -10,7 +10,7 @@ import torch
 
 import spark_runner
 from estimators import Callback, RingEstimator, Store, demo
-from estimators._tensorboard import ScalarWriter, read_run_scalars, read_scalars
+from estimators._tensorboard import ScalarWriter, read_scalars, read_tensorboard_scalars
 
 EPOCHS = 3
 
@@ -131,7 +131,7 @@ def test_a_fit_logs_params_each_epoch_live_and_the_model_to_the_active_mlflow_ru
     torch.testing.assert_close(logged(x), fitted.getModel()(x))
 
     # the same fit wrote TensorBoard scalars: every step of rank 0, every epoch's metrics
-    scalars = read_run_scalars(store, "tracked")
+    scalars = read_tensorboard_scalars(store, "tracked")
     steps = [s for s, _ in scalars["step/loss"]]
     assert len(steps) % EPOCHS == 0 and steps == list(range(1, len(steps) + 1))
     assert [s for s, _ in scalars["epoch/train_loss"]] == list(range(1, EPOCHS + 1))
