@@ -205,6 +205,7 @@ class RingEstimator(EstimatorAccessors, Estimator, MLWritable, MLReadable["RingE
         backend_env: dict[str, str] = {},  # noqa: B006 (a dict: the table default)
         custom_objects: dict[str, Any] = {},  # noqa: B006 (a dict: the table default)
         tensorflow_dataset_prefetch_buffer_size: int = 1,
+        checkpoint_callback: Any = None,
         **horovod_params: Any,
     ) -> None:
         """Every param of ``ESTIMATOR_PARAMS`` as a keyword (its doc: ``explainParams()``),

@@ -57,10 +57,20 @@ class TrainingKnobs:
     backend_env: dict[str, str] = field(default_factory=dict)
     custom_objects: dict[str, Any] = field(default_factory=dict)
     tensorflow_dataset_prefetch_buffer_size: int = 1
+    checkpoint_callback: Any = None
 
 
 _DEFAULTS = TrainingKnobs()
-_KERAS_ONLY = ("custom_objects", "tensorflow_dataset_prefetch_buffer_size")
+_KERAS_ONLY = ("custom_objects", "tensorflow_dataset_prefetch_buffer_size", "checkpoint_callback")
+# what a model of another framework uses instead of a Keras-only knob
+_KERAS_ONLY_INSTEAD = {
+    "checkpoint_callback": {
+        TORCH: "a torch model keeps the best epoch by itself: monitor, monitor_mode and "
+        "restore_best_weights=True (the default)",
+        "lightning": "a LightningModule's fit returns its last epoch; ringtrain checkpoints "
+        "every epoch into the store",
+    },
+}
 # which framework's loop reads a knob: the Keras ones, or else the torch loop
 _READ_BY = {True: KERAS, False: TORCH}
 _ANY = ("backend_env", "restore_best_weights", "monitor", "monitor_mode")
@@ -88,10 +98,11 @@ def _refuse_elsewhere(knobs: TrainingKnobs, framework: str) -> None:
             continue
         reader = _READ_BY[name in _KERAS_ONLY]
         if reader is not framework and name in _KERAS_ONLY:
+            instead = _KERAS_ONLY_INSTEAD.get(name, {}).get(framework)
             raise ValueError(
                 f"{name}={value!r} is set, but it configures a Keras model's fit and the model "
-                f"is a {framework} model. Unset it (setParams({name}="
-                f"{getattr(_DEFAULTS, name)!r}))."
+                f"is a {framework} model{': ' + instead if instead else ''}. Unset it "
+                f"(setParams({name}={getattr(_DEFAULTS, name)!r}))."
             )
         if reader is not framework:
             raise ValueError(

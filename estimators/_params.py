@@ -296,6 +296,7 @@ ESTIMATOR_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("backend_env", _to_env, {}, "environment variables set in every worker process for the fit (Horovod's backend_env)"),
     ParamSpec("custom_objects", _to_dict, {}, "keras: custom layers, losses and metrics by name, for loading the model on the workers and the driver (Horovod's)"),
     ParamSpec("tensorflow_dataset_prefetch_buffer_size", _int, 1, "keras: batches the workers' tf.data pipeline prefetches; 0: none"),
+    ParamSpec("checkpoint_callback", _any, None, "keras: a keras.callbacks.ModelCheckpoint (Horovod's); rank 0 runs it with its filepath set to <store>/runs/<run_id>/best.keras (or best.weights.h5) and fit returns the model it saved last (save_best_only=True: the best epoch by its monitor); default: the last epoch's"),
 )
 
 MODEL_PARAMS: tuple[ParamSpec, ...] = (
@@ -431,7 +432,6 @@ HOROVOD_ONLY_PARAMS: tuple[HorovodParam, ...] = (
     HorovodParam("input_shapes", "the features' shapes are read from the data, so there is nothing to declare; drop it"),
     HorovodParam("mp_start_method", "the workers are Spark tasks, not multiprocessing children; there is no start method to choose"),
     HorovodParam("data_module", "choose the reader with reader='petastorm' | 'arrow' | 'auto'; custom data modules are not offered"),
-    HorovodParam("checkpoint_callback", "RingEstimator checkpoints every epoch into the store (<store>/runs/<run_id>/checkpoint) and resumes a run_id from there; drop it"),
     HorovodParam("num_gpus", "use use_gpu=True or False", alias=_num_gpus),
     HorovodParam("loader_num_epochs", "each epoch reads the shard once; there is no loader epoch count to set"),
     HorovodParam("debug_data_loader", "not offered; inspect batches with transformation_fn", inert=(None, False)),

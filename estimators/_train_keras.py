@@ -20,8 +20,15 @@ Worker (``train_keras(spec)``), in small named steps:
 Driver: :func:`keras_worker` (the spec), :func:`load_keras_checkpoint`,
 :func:`keras_predictor` (``RingModel.transform`` in Arrow batches),
 :func:`save_keras_model` / :func:`load_keras_model` (``RingModel.save/load``).
-A model with custom layers needs them registered
-(``keras.saving.register_keras_serializable``) where it is loaded.
+A model with custom layers, losses or metrics loads with the ``custom_objects`` param
+(Horovod's: name -> class or function) on the workers, on the driver, in
+``RingModel.transform``'s tasks and in ``RingModel.load`` (saved with the model,
+cloudpickled); classes registered with ``keras.saving.register_keras_serializable``
+need nothing. ``checkpoint_callback`` (Horovod's: a ``keras.callbacks.ModelCheckpoint``)
+runs on rank 0 with its ``filepath`` set to a file of the run
+(``<store>/runs/<run_id>/best.keras``); the model ``fit`` returns is the last one it
+saved (with ``save_best_only=True``: the best epoch by its ``monitor``). The run's own
+per-epoch checkpoint (for resuming) is kept as before.
 TensorFlow is imported only inside these functions: a torch fit never pays for it.
 """
 
@@ -30,6 +37,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -40,9 +48,10 @@ import numpy as np
 import pyarrow as pa
 from pyspark.sql.types import ArrayType, DataType, DoubleType
 
-from ringcore.data import make_reader, read_shard, to_numpy_columns
+from ringcore.data import to_numpy_columns
 
 from ._progress import keras_progress_callbacks
+from ._readers import open_training, read_whole_shard
 from ._spec import DataSpec, data_spec_fields, writer
 from ._train_torch import _columns, _local_copies
 
@@ -58,6 +67,7 @@ __all__ = [
 ]
 
 _MODEL_FILE = "model.keras"
+_CUSTOM_OBJECTS_FILE = "custom_objects.pkl"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +77,9 @@ class KerasTrainSpec(DataSpec):
     model_bytes: bytes  # the model as a .keras file
     compile_objects: bytes  # cloudpickle of (optimizer config, loss, metrics)
     callbacks: bytes = b""  # cloudpickle of the user's keras.callbacks.Callback list
+    custom_objects: bytes = b""  # cloudpickle of {name: class or function} (Horovod's)
+    prefetch: int = 1  # batches the tf.data pipeline prefetches (0: none)
+    checkpoint_callback: bytes = b""  # cloudpickle of a keras ModelCheckpoint (rank 0 runs it)
 
 
 # --- .keras bytes ------------------------------------------------------------------------------
@@ -80,14 +93,30 @@ def model_to_bytes(model: Any) -> bytes:
             return f.read()
 
 
-def model_from_bytes(data: bytes, compile: bool = False) -> Any:
+def model_from_bytes(
+    data: bytes, compile: bool = False, custom_objects: dict[str, Any] | None = None
+) -> Any:
+    """The model of ``.keras`` bytes; ``custom_objects`` resolve its custom classes and
+    are remembered with it (:func:`custom_objects_of`) for its later loads."""
     import keras
 
     with tempfile.TemporaryDirectory(prefix="ringtrain-keras-") as tmp:
         path = os.path.join(tmp, _MODEL_FILE)
         with open(path, "wb") as f:
             f.write(data)
-        return keras.models.load_model(path, compile=compile)
+        model = keras.models.load_model(path, compile=compile, custom_objects=custom_objects)
+    if custom_objects:
+        _CUSTOM_OBJECTS[model] = dict(custom_objects)
+    return model
+
+
+# the custom_objects a model was loaded with: transform's tasks and RingModel.save need them
+_CUSTOM_OBJECTS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def custom_objects_of(model: Any) -> dict[str, Any]:
+    """The ``custom_objects`` this process loaded ``model`` with ({}: none)."""
+    return _CUSTOM_OBJECTS.get(model, {})
 
 
 # --- driver: checks and the spec ----------------------------------------------------------------
@@ -158,18 +187,65 @@ def keras_worker(cfg: Any, data: Any) -> tuple[Callable[..., Any], tuple]:
             f"callbacks of a Keras model must be keras.callbacks.Callback objects, got "
             f"{', '.join(type(cb).__name__ for cb in foreign)}. Subclass keras.callbacks.Callback."
         )
+    knobs = cfg.knobs
+    _check_checkpoint_callback(knobs.checkpoint_callback)
     spec = KerasTrainSpec(
         model_bytes=model_to_bytes(cfg.model),
         compile_objects=cloudpickle.dumps(objects),
         **data_spec_fields(cfg, data),
         callbacks=cloudpickle.dumps(list(cfg.callbacks)),
+        custom_objects=cloudpickle.dumps(dict(knobs.custom_objects)),
+        prefetch=knobs.tensorflow_dataset_prefetch_buffer_size,
+        checkpoint_callback=(
+            cloudpickle.dumps(knobs.checkpoint_callback) if knobs.checkpoint_callback else b""
+        ),
     )
     return train_keras, (spec,)
 
 
+def _check_checkpoint_callback(callback: Any) -> None:
+    import keras
+
+    if callback is None:
+        return
+    if not isinstance(callback, keras.callbacks.Callback) or not hasattr(callback, "filepath"):
+        raise ValueError(
+            f"checkpoint_callback takes a keras.callbacks.ModelCheckpoint (Horovod's: it decides "
+            f"which epoch's model fit returns), got {type(callback).__name__}. Pass "
+            "keras.callbacks.ModelCheckpoint('best.keras', monitor='val_loss', "
+            "save_best_only=True), or other callbacks with setCallbacks([...])."
+        )
+
+
+def _best_path(spec_or_cfg: Any, weights_only: bool) -> str:
+    """Where the run keeps what ``checkpoint_callback`` saved."""
+    name = "best.weights.h5" if weights_only else "best.keras"
+    return f"{spec_or_cfg.store.get_run_path(spec_or_cfg.run_id)}/{name}"
+
+
 def load_keras_checkpoint(cfg: Any) -> Any:
-    """The trained Keras model from the run's final checkpoint (not compiled)."""
-    return model_from_bytes(cfg.store.read_bytes(cfg.store.get_checkpoint_path(cfg.run_id)))
+    """The trained Keras model (not compiled): what ``checkpoint_callback`` saved last when
+    it is set and saved anything, else the run's final checkpoint."""
+    objects = dict(cfg.knobs.custom_objects)
+    store = cfg.store
+    model = model_from_bytes(
+        store.read_bytes(store.get_checkpoint_path(cfg.run_id)), custom_objects=objects
+    )
+    callback = cfg.knobs.checkpoint_callback
+    if callback is None:
+        return model
+    weights_only = bool(getattr(callback, "save_weights_only", False))
+    best = _best_path(cfg, weights_only)
+    if not store.exists(best):
+        return model
+    if not weights_only:
+        return model_from_bytes(store.read_bytes(best), custom_objects=objects)
+    with tempfile.TemporaryDirectory(prefix="ringtrain-keras-") as tmp:
+        path = os.path.join(tmp, "best.weights.h5")
+        with open(path, "wb") as f:
+            f.write(store.read_bytes(best))
+        model.load_weights(path)
+    return model
 
 
 # --- worker: batches as a tf.data pipeline ------------------------------------------------------
@@ -206,13 +282,17 @@ def _dataset(spec: KerasTrainSpec, batches: Iterator[dict[str, np.ndarray]]) -> 
     signature = tf.nest.map_structure(
         lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.float32), first
     )
-    return tf.data.Dataset.from_generator(generate, output_signature=signature).prefetch(1)
+    dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
+    return dataset.prefetch(spec.prefetch) if spec.prefetch > 0 else dataset
 
 
 def _validation(spec: KerasTrainSpec, local_path: str | None, rank: int, size: int) -> Any:
     if local_path is None:
         return None
-    data = read_shard(local_path, rank=rank, size=size, columns=_columns(spec), reader=spec.reader)
+    columns = _columns(spec)  # read in place from the store (held whole: Keras evaluates arrays)
+    data = read_whole_shard(
+        spec.store, local_path, rank=rank, size=size, columns=columns, reader=spec.reader
+    )
     rows = len(data[spec.label_cols[0]])
     if spec.val_steps is not None:
         rows = min(rows, spec.val_steps * spec.val_batch_size)
@@ -237,7 +317,7 @@ def _set_threads(local_size: int) -> None:
 def _rebuild(spec: KerasTrainSpec, hvd: Any) -> Any:
     import keras
 
-    model = model_from_bytes(spec.model_bytes)
+    model = model_from_bytes(spec.model_bytes, custom_objects=_objects(spec))
     optimizer_config, loss, metrics = cloudpickle.loads(spec.compile_objects)
     optimizer = hvd.DistributedOptimizer(
         keras.optimizers.deserialize(optimizer_config),
@@ -260,7 +340,9 @@ def _restore(model: Any, spec: KerasTrainSpec, hvd: Any) -> tuple[int, list[dict
         spec.store.claim_run(spec.run_id, writer(spec))
     path = spec.store.find_checkpoint(spec.run_id) if hvd.rank() == 0 else None
     if path is not None:
-        saved = model_from_bytes(spec.store.read_bytes(path), compile=True)
+        saved = model_from_bytes(
+            spec.store.read_bytes(path), compile=True, custom_objects=_objects(spec)
+        )
         model.set_weights(saved.get_weights())
         if saved.optimizer is not None and saved.optimizer.built:
             model.optimizer.build(model.trainable_variables)
@@ -269,6 +351,28 @@ def _restore(model: Any, spec: KerasTrainSpec, hvd: Any) -> tuple[int, list[dict
         history = list(spec.store.read_json(spec.store.get_history_path(spec.run_id)))
         done = (len(history), history)
     return hvd.broadcast_object(done, root_rank=0, name="ringtrain.resume")
+
+
+def _objects(spec: KerasTrainSpec) -> dict[str, Any]:
+    return cloudpickle.loads(spec.custom_objects) if spec.custom_objects else {}
+
+
+def _checkpointer(spec: KerasTrainSpec, rank: int, folder: str) -> Any:
+    """Rank 0's ``checkpoint_callback`` writing into ``folder`` (None: not set or rank > 0)."""
+    if not spec.checkpoint_callback or rank != 0:
+        return None
+    callback = cloudpickle.loads(spec.checkpoint_callback)
+    weights_only = bool(getattr(callback, "save_weights_only", False))
+    callback.filepath = os.path.join(folder, os.path.basename(_best_path(spec, weights_only)))
+    return callback
+
+
+def _keep_best(spec: KerasTrainSpec, callback: Any) -> None:
+    """What ``checkpoint_callback`` saved last, into the run (rank 0, after the fit)."""
+    if callback is not None and os.path.exists(callback.filepath):
+        weights_only = bool(getattr(callback, "save_weights_only", False))
+        with open(callback.filepath, "rb") as f:
+            spec.store.write_bytes(_best_path(spec, weights_only), f.read())
 
 
 def _epoch_callback(spec: KerasTrainSpec, history: list[dict[str, Any]], rank: int) -> Any:
@@ -307,9 +411,12 @@ def train_keras(spec: KerasTrainSpec) -> list[dict[str, Any]] | None:
     keras.utils.set_random_seed(spec.seed + hvd.rank())
     model = _rebuild(spec, hvd)
     start_epoch, history = _restore(model, spec, hvd)
-    with _local_copies(spec) as (train_path, val_path):  # type: ignore[arg-type]
+    folder = tempfile.TemporaryDirectory(prefix="ringtrain-keras-best-")
+    checkpointer = _checkpointer(spec, hvd.rank(), folder.name)
+    with folder, _local_copies(spec) as (train_path, val_path):  # type: ignore[arg-type]
         val = _validation(spec, val_path, hvd.rank(), hvd.size())
-        with make_reader(
+        with open_training(
+            spec.store,
             train_path,
             rank=hvd.rank(),
             size=hvd.size(),
@@ -335,8 +442,10 @@ def train_keras(spec: KerasTrainSpec) -> list[dict[str, Any]] | None:
                     _epoch_callback(spec, history, hvd.rank()),
                     *keras_progress_callbacks(spec, hvd.rank(), history),  # rank 0: progress, TB
                     *(cloudpickle.loads(spec.callbacks) if spec.callbacks else []),
+                    *([checkpointer] if checkpointer is not None else []),
                 ],
             )
+        _keep_best(spec, checkpointer)
     return history if hvd.rank() == 0 else None
 
 
@@ -377,11 +486,11 @@ def keras_predictor(
     kinds: list[DataType] = [
         DoubleType() if o.size == 1 else ArrayType(DoubleType(), containsNull=False) for o in probe
     ]
-    data = model_to_bytes(model)
+    data, objects = model_to_bytes(model), custom_objects_of(model)
 
     def predict(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        loaded = model_from_bytes(data)
+        loaded = model_from_bytes(data, custom_objects=objects)
         for batch in batches:
             rows = batch.num_rows
             if rows == 0:
@@ -406,11 +515,23 @@ def keras_predictor(
 
 
 def save_keras_model(model: Any, path: str) -> None:
-    """``<path>/model/model.keras`` (Keras's own format: architecture, weights)."""
-    with fsspec.open(f"{path.rstrip('/')}/model/{_MODEL_FILE}", "wb") as f:
+    """``<path>/model/model.keras`` (Keras's own format: architecture, weights), and the
+    ``custom_objects`` it was loaded with as ``custom_objects.pkl`` (cloudpickle)."""
+    folder = f"{path.rstrip('/')}/model"
+    with fsspec.open(f"{folder}/{_MODEL_FILE}", "wb") as f:
         f.write(model_to_bytes(model))
+    objects = custom_objects_of(model)
+    if objects:
+        with fsspec.open(f"{folder}/{_CUSTOM_OBJECTS_FILE}", "wb") as f:
+            f.write(cloudpickle.dumps(objects))
 
 
 def load_keras_model(path: str) -> Any:
-    with fsspec.open(f"{path.rstrip('/')}/model/{_MODEL_FILE}", "rb") as f:
-        return model_from_bytes(f.read())
+    folder = f"{path.rstrip('/')}/model"
+    objects: dict[str, Any] = {}
+    fs, objects_path = fsspec.core.url_to_fs(f"{folder}/{_CUSTOM_OBJECTS_FILE}")
+    if fs.exists(objects_path):
+        with fs.open(objects_path, "rb") as f:
+            objects = cloudpickle.loads(f.read())
+    with fsspec.open(f"{folder}/{_MODEL_FILE}", "rb") as f:
+        return model_from_bytes(f.read(), custom_objects=objects)

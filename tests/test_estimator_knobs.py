@@ -243,6 +243,7 @@ def test_knobs_are_refused_before_any_job(frame, tmp_path):
         ({"gradient_clip_val": -1.0}, r"gradient_clip_val must be a positive number"),
         ({"lr_scheduler_interval": "batch"}, r"lr_scheduler_interval takes 'epoch' or 'step'"),
         ({"custom_objects": {"x": 1}}, r"custom_objects=.*Keras"),
+        ({"checkpoint_callback": object()}, r"checkpoint_callback=.*Keras.*restore_best_weights"),
         ({"train_minibatch_fn": _minibatch_fn("/tmp"), "gradient_clip_val": 1.0}, r"train_minibatch_fn.*gradient_clip_val"),
     ]  # fmt: skip
     for extra, message in cases:
@@ -291,3 +292,22 @@ def test_an_unfitted_estimator_in_a_pipeline_saves_and_loads(spark, tmp_path):
 
     with pytest.raises(ValueError, match=r"callbacks.*cannot be pickled.*setCallbacks"):
         est.copy({est.callbacks: [Locked()]}).write().save(str(tmp_path / "bad"))
+
+
+
+def test_the_migration_guide_lists_every_estimator_param_with_its_counterparts():
+    from estimators._params import ESTIMATOR_PARAMS
+
+    docs = pathlib.Path(__file__).resolve().parent.parent / "docs" / "migrating-from-horovod.md"
+    header = "| ringtrain param (default) | Horovod | Ray Train / Lightning | what it does |"
+    lines = docs.read_text().split(header + "\n")[1].splitlines()[1:]
+    rows = {}  # | `name` (`default`) | Horovod | Ray Train / Lightning | what it does |
+    for line in lines[: lines.index("")]:
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        rows[cells[0].split("`")[1]] = cells
+    missing = [p.name for p in ESTIMATOR_PARAMS if p.name not in rows]
+    assert missing == [], "add them to the table of every RingEstimator param in that page"
+    for param in ESTIMATOR_PARAMS:
+        first, horovod, ray, what = rows[param.name]
+        assert first == f"`{param.name}` (`{param.default!r}`)", (first, param.default)
+        assert horovod and ray and what, rows[param.name]  # "—" where there is none

@@ -1,5 +1,7 @@
 """RingEstimator with a Keras model on real Spark (local[2]): trains on the digits
-across 2 ranks, saves, loads and transforms in Arrow batches."""
+across 2 ranks, saves, loads and transforms in Arrow batches. The fit's model holds a
+custom layer only loadable through custom_objects, and a checkpoint_callback picks the
+model fit returns."""
 
 from __future__ import annotations
 
@@ -35,6 +37,31 @@ def _keras_model():
     )
 
 
+def _custom_objects():
+    """A layer class made in a function: Keras finds it only through custom_objects."""
+    import keras
+
+    class Halve(keras.layers.Layer):
+        def call(self, x):
+            return x * 0.5
+
+    return {"Halve": Halve}
+
+
+def _custom_model(objects):
+    import keras
+
+    keras.utils.set_random_seed(demo.SEED)
+    return keras.Sequential(
+        [
+            keras.Input((64,)),
+            keras.layers.Dense(64, activation="relu"),
+            objects["Halve"](),
+            keras.layers.Dense(10),
+        ]
+    )
+
+
 def _loss():
     import keras
 
@@ -47,8 +74,9 @@ def fitted(spark, tmp_path_factory):
 
     train_df, test_df = demo.digits_frame(spark).randomSplit([0.8, 0.2], seed=demo.SEED)
     store = Store.create(str(tmp_path_factory.mktemp("store")))
+    objects = _custom_objects()
     estimator = RingEstimator(
-        model=_keras_model(),
+        model=_custom_model(objects),
         optimizer=keras.optimizers.Adam(3e-3),
         loss=_loss(),
         metrics=["accuracy"],
@@ -63,6 +91,11 @@ def fitted(spark, tmp_path_factory):
         reader="arrow",
         verbose=0,
         callbacks=[keras.callbacks.CSVLogger(str(store.prefix_path) + "/epochs.csv")],
+        custom_objects=objects,
+        tensorflow_dataset_prefetch_buffer_size=2,
+        checkpoint_callback=keras.callbacks.ModelCheckpoint(
+            "ignored.keras", monitor="val_accuracy", mode="max", save_best_only=True
+        ),
     )
     return estimator.fit(train_df), store, test_df
 
@@ -83,6 +116,33 @@ def test_keras_estimator_learns_the_digits_on_two_ranks(fitted):
     with open(str(store.prefix_path) + "/epochs.csv") as f:  # the user's Keras callback ran
         header = f.readline()  # (both ranks write this file; its header is the same)
     assert header.startswith("epoch,") and "val_accuracy" in header
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(240)
+def test_checkpoint_callback_picks_the_model_fit_returns_and_custom_objects_load_it(fitted):
+    from estimators._train_keras import model_from_bytes, model_to_bytes
+
+    model, store, _ = fitted
+    history = model.getHistory()
+    trained = model.getModel()
+    best = store.get_run_path("keras-digits") + "/best.keras"
+    assert store.exists(best)  # rank 0's ModelCheckpoint, its filepath set to the run's file
+    objects = _custom_objects()
+    kept = model_from_bytes(store.read_bytes(best), custom_objects=objects)
+    last = model_from_bytes(
+        store.read_bytes(store.get_checkpoint_path("keras-digits")), custom_objects=objects
+    )
+    for mine, theirs in zip(trained.get_weights(), kept.get_weights(), strict=True):
+        np.testing.assert_array_equal(mine, theirs)  # fit returns what the callback saved
+    # save_best_only on val_accuracy (max): the first epoch with the highest one
+    best_epoch = int(np.argmax([e["val_accuracy"] for e in history]))
+    same_as_last = all(
+        np.array_equal(a, b) for a, b in zip(trained.get_weights(), last.get_weights())
+    )
+    assert same_as_last == (best_epoch == EPOCHS - 1), (best_epoch, history)
+    with pytest.raises(Exception, match="Halve"):  # the layer needs custom_objects
+        model_from_bytes(model_to_bytes(trained))
 
 
 @pytest.mark.spark
@@ -118,6 +178,7 @@ def test_a_compiled_keras_model_brings_its_optimizer_loss_and_metrics(spark, tmp
         label_cols=["label"],
         num_proc=2,
         store=Store.create(str(tmp_path)),
+        tensorflow_dataset_prefetch_buffer_size=3,
     )
     cfg = resolve_config(est, df)
 
@@ -132,6 +193,30 @@ def test_a_compiled_keras_model_brings_its_optimizer_loss_and_metrics(spark, tmp
     assert optimizer["config"]["learning_rate"] == pytest.approx(0.05)
     assert "SparseCategoricalCrossentropy" in str(loss)
     assert metrics == ["accuracy"]
+    assert spec.prefetch == 3 and cloudpickle.loads(spec.custom_objects) == {}
+    assert spec.checkpoint_callback == b""
+    with pytest.raises(ValueError, match=r"checkpoint_callback takes a keras.*ModelCheckpoint"):
+        keras_worker(resolve_config(est.setCheckpointCallback(object()), df), Data())
     bare = RingEstimator(model=_keras_model(), feature_cols=["features"], label_cols=["label"])
     with pytest.raises(ValueError, match="no optimizer"):
         resolve_config(bare, df)
+
+
+@pytest.mark.parametrize("prefetch", [0, 3])
+def test_the_workers_tf_data_pipeline_prefetches_the_knobs_batches(prefetch):
+    from types import SimpleNamespace
+
+    from estimators._train_keras import _dataset
+
+    spec = SimpleNamespace(
+        transformation_fn=None,
+        feature_cols=["x"],
+        label_cols=["y"],
+        sample_weight_col=None,
+        prefetch=prefetch,
+    )
+    batches = iter([{"x": np.ones((4, 2)), "y": np.zeros(4)}] * 3)
+    dataset = _dataset(spec, batches)
+    buffer = getattr(dataset, "_buffer_size", None)  # tf.data's PrefetchDataset holds it
+    assert (None if buffer is None else int(buffer)) == (prefetch or None)
+    assert [x.shape for x, _ in dataset.take(2)] == [(4, 2), (4, 2)]
