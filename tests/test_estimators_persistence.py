@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -286,13 +285,13 @@ def test_sparse_vectors_a_validation_column_weights_and_a_transformation_fn(spar
 
 
 def test_sample_weights_weigh_each_rows_loss():
-    task = SimpleNamespace(loss=torch.nn.MSELoss())
+    mse = torch.nn.MSELoss()  # _loss takes one label column's loss fn (issue 23's per-label losses)
     output, target = torch.tensor([[1.0], [3.0]]), torch.tensor([[0.0], [0.0]])
-    weighted = _loss(task, output, target, torch.tensor([1.0, 0.0]))
+    weighted = _loss(mse, output, target, torch.tensor([1.0, 0.0]))
     assert float(weighted) == pytest.approx(0.5)  # mean(weight * per-row loss) = (1 + 0) / 2
-    assert task.loss.reduction == "mean"  # restored
-    assert float(_loss(task, output, target, None)) == pytest.approx(5.0)
-    scalar = SimpleNamespace(loss=lambda o, t: ((o - t) ** 2).mean())
+    assert mse.reduction == "mean"  # restored
+    assert float(_loss(mse, output, target, None)) == pytest.approx(5.0)
+    scalar = lambda o, t: ((o - t) ** 2).mean()  # noqa: E731
     with pytest.raises(ValueError, match="one number for the batch"):
         _loss(scalar, output, target, torch.ones(2))
 
