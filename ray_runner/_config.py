@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import _constants as const
 
@@ -131,14 +132,36 @@ class FailureConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """``num_to_keep``: how many of the latest checkpoints stay on disk (None keeps all)."""
+    """Which reported checkpoints stay in storage.
+
+    ``num_to_keep`` (None keeps all): how many stay; the others are deleted oldest first,
+    or worst first when ``checkpoint_score_attribute`` names a numeric metric reported
+    with every checkpoint (``checkpoint_score_order="max"`` keeps the highest, ``"min"``
+    the lowest). The latest checkpoint is always kept as well, since a restart resumes
+    from it.
+    """
 
     num_to_keep: int | None = None
+    checkpoint_score_attribute: str | None = None
+    checkpoint_score_order: str = "max"
 
     def __post_init__(self) -> None:
         if self.num_to_keep is not None and (not _is_int(self.num_to_keep) or self.num_to_keep < 1):
             raise ValueError(
                 f"CheckpointConfig.num_to_keep must be None (keep all) or an integer >= 1, got {self.num_to_keep!r}"
+            )
+        if self.checkpoint_score_attribute is not None and (
+            not isinstance(self.checkpoint_score_attribute, str)
+            or not self.checkpoint_score_attribute
+        ):
+            raise ValueError(
+                "CheckpointConfig.checkpoint_score_attribute must be a metric name (str) or None, "
+                f"got {self.checkpoint_score_attribute!r}"
+            )
+        if self.checkpoint_score_order not in ("max", "min"):
+            raise ValueError(
+                f"CheckpointConfig.checkpoint_score_order must be 'max' or 'min', got "
+                f"{self.checkpoint_score_order!r}"
             )
 
 
@@ -146,8 +169,12 @@ class CheckpointConfig:
 class RunConfig:
     """Where a run lives (``<storage_path>/<name>/``) and how it handles failures and checkpoints.
 
-    ``storage_path`` defaults to ``$RING_STORAGE_PATH`` or ``~/ringtrain_results`` and must
-    be a directory every worker can write (a shared filesystem on a multi-node cluster).
+    ``storage_path`` defaults to ``$RING_STORAGE_PATH`` or ``~/ringtrain_results``: a
+    local folder every worker can write (a shared filesystem on a multi-node cluster) or
+    a URI such as ``s3://bucket/prefix`` (opened with pyarrow.fs, else fsspec).
+    ``storage_filesystem`` (a ``pyarrow.fs.FileSystem`` or fsspec filesystem) overrides
+    the URI's own filesystem. ``callbacks`` are :class:`ray_runner.Callback` objects
+    called on the driver.
     ``name`` defaults to ``RingTrainer_<time>_<id>``; a ``name`` that already holds
     checkpoints resumes from its latest one. ``verbose=1`` prints each report of rank 0
     on the driver as it arrives; ``verbose=0`` is silent.
@@ -158,6 +185,8 @@ class RunConfig:
     failure_config: FailureConfig = field(default_factory=FailureConfig)
     checkpoint_config: CheckpointConfig = field(default_factory=CheckpointConfig)
     verbose: int = 1
+    storage_filesystem: Any = None
+    callbacks: list | None = None
 
     def __post_init__(self) -> None:
         if self.name is not None and (
@@ -181,5 +210,14 @@ class RunConfig:
             raise ValueError(
                 f"RunConfig.checkpoint_config must be a CheckpointConfig, got {self.checkpoint_config!r}"
             )
+        from ._callbacks import Callback
+
+        for callback in self.callbacks or ():
+            if not isinstance(callback, Callback):
+                raise ValueError(
+                    f"RunConfig.callbacks holds {callback!r}, a {type(callback).__name__}; each "
+                    "callback must be a ray_runner.Callback (subclass it and override on_report, "
+                    "on_end, ...)"
+                )
         if self.verbose not in (0, 1):
             raise ValueError(f"RunConfig.verbose must be 0 or 1, got {self.verbose!r}")

@@ -16,6 +16,10 @@ DEFAULT_STORAGE_PATH = "~/ringtrain_results"
 REPORT_POLL_INTERVAL_ENV_VAR = "RING_REPORT_POLL_INTERVAL"
 DEFAULT_REPORT_POLL_INTERVAL_S = 0.2
 
+# How long a rank's report() waits to reach the job's store (seconds).
+REPORT_TIMEOUT_ENV_VAR = "RING_REPORT_TIMEOUT"
+DEFAULT_REPORT_TIMEOUT_S = 300.0
+
 # How long the driver waits for the other ranks' errors after the first failure (seconds).
 FAILURE_GRACE_ENV_VAR = "RING_FAILURE_GRACE"
 DEFAULT_FAILURE_GRACE_S = 2.0

@@ -2,24 +2,34 @@
 get_dataset_shard.
 
 The driver sends a :class:`SessionSetup` with the loop; :func:`run_loop` opens the
-session of this rank around the user's loop. ``report`` on rank 0 copies the
-checkpoint into the run folder before it returns (so the loop may delete its own
-copy at once) and queues the metrics; the driver drains that queue through the
-actor's control method while the loop runs. Other ranks' reports are accepted and
-dropped, as Ray Train keeps rank 0's.
+session of this rank around the user's loop. ``report`` on any rank uploads the
+checkpoint it was given (if any) for ``checkpoint_<index>/`` on the run's storage
+(rank 0 into the folder, others into a staging folder the driver merges) before it returns, so the loop may delete its own copy at once; the index is the
+attempt's first free index plus the number of checkpoints this rank reported before,
+so ranks that report checkpoints together fill the same folder (sharded checkpoints).
+Rank 0 queues its metrics and files; every other rank publishes how far it got (its
+report count and its files per index) in the job's key-value store, where rank 0's
+actor reads it when the driver drains the queue. The driver commits a checkpoint once
+every rank that reports checkpoints has passed that report (``_results``), so a rank
+killed mid-upload never leaves a checkpoint that looks whole. Metrics of ranks other
+than 0 are dropped, as Ray Train keeps rank 0's. In an elastic run only rank 0's
+checkpoint is kept.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ringcore import RingError, Topology, launch
 
+from . import _constants as const
 from ._checkpoint import Checkpoint, CheckpointStore
 
 __all__ = [
@@ -81,6 +91,14 @@ class SessionSetup:
     pass_config: bool
     elastic: bool = False
     datasets: dict[str, Any] | None = None  # this rank's shard of each dataset
+    filesystem: Any = None  # the run's pyarrow filesystem (None: local)
+    next_index: int = 0  # this attempt's first checkpoint index
+    attempt: str = ""  # this attempt's id: the key prefix in the job's store
+    score_attribute: str | None = None  # CheckpointConfig.checkpoint_score_attribute
+
+
+def peers_key(attempt: str, rank: int) -> str:
+    return f"ray_runner/{attempt}/rank{rank}"
 
 
 @dataclass
@@ -89,6 +107,9 @@ class _Session:
     restore: Checkpoint | None
     store: CheckpointStore
     setup: SessionSetup
+    reports: int = 0  # report() calls so far in this attempt
+    shards: dict[int, list[str]] = field(default_factory=dict)  # index -> this rank's files
+    client: Any = None  # this rank's client of the job's store (ranks other than 0)
 
     def current_context(self) -> TrainContext:
         """The context; in an elastic run it follows the ring's current generation."""
@@ -98,6 +119,7 @@ class _Session:
 _lock = threading.Lock()
 _session: _Session | None = None
 _reports: queue.SimpleQueue = queue.SimpleQueue()
+_peers_of: tuple[str, int] | None = None  # (attempt, world size) of the last fixed-group loop
 
 
 def _current(what: str) -> _Session:
@@ -158,11 +180,14 @@ def run_loop(loop: Callable, setup: SessionSetup) -> Any:
     session = _Session(
         _context_from(current_topology(), setup),
         setup.restore,
-        CheckpointStore(setup.run_dir, setup.num_to_keep),
+        CheckpointStore(setup.run_dir, setup.num_to_keep, setup.filesystem),
         setup,
     )
+    global _peers_of
     with _lock:
         _session = session
+        if not setup.elastic:
+            _peers_of = (setup.attempt, session.context.world_size)
     try:
         return loop(setup.config or {}) if setup.pass_config else loop()
     finally:
@@ -173,16 +198,102 @@ def run_loop(loop: Callable, setup: SessionSetup) -> Any:
 def report(metrics: dict, checkpoint: Checkpoint | None = None) -> None:
     """Report this iteration's metrics (and, optionally, a checkpoint) to the driver.
 
-    Every rank may call it; rank 0's metrics and checkpoint are kept. The checkpoint is
-    copied into the run folder before ``report`` returns.
+    Every rank may call it and attach a checkpoint: each rank's files are uploaded into
+    the same checkpoint folder (sharded checkpoints; where two ranks write the same file
+    name, the lower rank's file is kept). Rank 0's metrics are kept. Ranks that report
+    checkpoints should call ``report`` equally often, as in Ray Train.
     """
     session = _current("report")
     if not isinstance(metrics, dict) or not all(isinstance(k, str) for k in metrics):
         raise TypeError(f"report(metrics) takes a dict with str keys, got {metrics!r}")
-    if session.current_context().world_rank != 0:
+    if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+        raise TypeError(
+            f"report(checkpoint=...) takes a ray_runner.Checkpoint, got {type(checkpoint).__name__}; "
+            "wrap a directory with Checkpoint.from_directory(path)"
+        )
+    rank = session.current_context().world_rank
+    setup = session.setup
+    if setup.elastic:
+        if rank == 0:
+            _report_elastic(session, metrics, checkpoint)
         return
-    persisted = session.store.persist(checkpoint) if checkpoint is not None else None
-    _reports.put({"metrics": dict(metrics), "checkpoint": persisted})
+    session.reports += 1
+    if rank == 0 and checkpoint is not None and setup.score_attribute:
+        session.store.score_attribute = setup.score_attribute
+        session.store.score(metrics)  # a missing score fails here, before the upload
+    index = files = None
+    if checkpoint is not None:
+        index = setup.next_index + len(session.shards)
+        files = session.store.upload(checkpoint, index, rank)
+        session.shards[index] = files
+    if rank == 0:
+        _reports.put(
+            {"report": session.reports, "metrics": dict(metrics), "index": index, "files": files}
+        )
+    else:
+        _publish(session, rank)
+
+
+def _report_elastic(session: _Session, metrics: dict, checkpoint: Checkpoint | None) -> None:
+    """Rank 0 of an elastic ring: its checkpoint alone, at the run's next free index."""
+    index = files = None
+    if checkpoint is not None:
+        if session.setup.score_attribute:
+            session.store.score_attribute = session.setup.score_attribute
+            session.store.score(metrics)
+        index = max(session.store.next_index(), max(session.shards, default=-1) + 1)
+        files = session.store.upload(checkpoint, index)
+        session.shards[index] = files
+    _reports.put({"report": 0, "metrics": dict(metrics), "index": index, "files": files})
+
+
+def _store_client() -> Any:
+    """A client of the job's key-value store (rank 0's actor hosts it)."""
+    import torch.distributed as dist
+
+    from ringcore._store_server import hosted_store
+
+    port = int(os.environ[launch.STORE_PORT_ENV_VAR])
+    hosted = hosted_store(port)
+    if hosted is not None:
+        return hosted
+    timeout = launch.get_float(const.REPORT_TIMEOUT_ENV_VAR, const.DEFAULT_REPORT_TIMEOUT_S)
+    return dist.TCPStore(
+        os.environ[launch.STORE_ADDR_ENV_VAR],
+        port,
+        is_master=False,
+        timeout=datetime.timedelta(seconds=timeout),
+    )
+
+
+def _publish(session: _Session, rank: int) -> None:
+    """This rank's progress, for rank 0's actor to hand the driver: reports made, files per index."""
+    if launch.STORE_PORT_ENV_VAR not in os.environ:
+        return
+    if session.client is None:
+        session.client = _store_client()
+    state = {"report": session.reports, "shards": {str(i): f for i, f in session.shards.items()}}
+    session.client.set(peers_key(session.setup.attempt, rank), json.dumps(state))
+
+
+def peers_progress() -> dict[int, dict]:
+    """On rank 0: every other rank's published progress (ranks that never reported are absent)."""
+    if _peers_of is None or launch.STORE_PORT_ENV_VAR not in os.environ:
+        return {}
+    attempt, size = _peers_of
+    if size <= 1:
+        return {}
+    store = _store_client()
+    out = {}
+    for rank in range(1, size):
+        key = peers_key(attempt, rank)
+        if store.check([key]):
+            state = json.loads(store.get(key).decode())
+            out[rank] = {
+                "report": state["report"],
+                "shards": {int(i): f for i, f in state["shards"].items()},
+            }
+    return out
 
 
 def get_checkpoint() -> Checkpoint | None:
@@ -210,9 +321,18 @@ def get_dataset_shard(name: str = "train") -> Any:
 
 
 def drain_reports() -> list[dict]:
+    """Rank 0's queued reports; on rank 0 of a fixed group, then the others' progress
+    as one last item ``{"peers": {rank: {"report": n, "shards": {index: files}}}}``."""
     out = []
     while True:
         try:
             out.append(_reports.get_nowait())
         except queue.Empty:
-            return out
+            break
+    try:
+        peers = peers_progress()
+    except (RuntimeError, OSError, ValueError):  # the store went away with the group
+        peers = {}
+    if peers:
+        out.append({"peers": peers})
+    return out

@@ -18,7 +18,6 @@ import datetime
 import inspect
 import logging
 import os
-import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -34,7 +33,10 @@ from ._checkpoint import Checkpoint, CheckpointStore
 from ._config import RunConfig, ScalingConfig
 from ._errors import TrainingFailedError
 from ._executor import RayExecutor, check_cluster_gpus
+from ._results import Reports
 from ._session import SessionSetup, run_loop
+from ._storage import check_writable
+from ._storage import resolve as resolve_storage
 
 log = logging.getLogger("ringtrain.ray_runner")
 
@@ -43,13 +45,21 @@ __all__ = ["Result", "RingTrainer"]
 
 @dataclass
 class Result:
-    """What ``fit()`` returns: rank 0's last metrics, the latest checkpoint, every report."""
+    """What ``fit()`` returns, as Ray Train's ``Result``.
+
+    ``metrics``: rank 0's last report; ``checkpoint``: the latest checkpoint;
+    ``best_checkpoints``: ``(checkpoint, metrics)`` of every checkpoint kept, best first by
+    ``checkpoint_score_attribute`` (newest first without one); ``path``: the run folder
+    inside ``filesystem`` (a ``pyarrow.fs.FileSystem``); ``metrics_dataframe``: every report.
+    """
 
     metrics: dict | None
     checkpoint: Checkpoint | None
     path: str
     error: BaseException | None = None
     metrics_history: list[dict] = field(default_factory=list, repr=False)
+    best_checkpoints: list[tuple[Checkpoint, dict]] = field(default_factory=list, repr=False)
+    filesystem: Any = field(default=None, repr=False)
 
     @property
     def metrics_dataframe(self) -> Any:
@@ -57,33 +67,6 @@ class Result:
         import pandas as pd
 
         return pd.DataFrame(self.metrics_history)
-
-
-class _Progress:
-    """Rank 0's reports as they reach the driver: kept in order and, with verbose=1, printed."""
-
-    def __init__(self, verbose: int, on_report: Callable[[dict], None] | None = None):
-        self.verbose = verbose
-        self.on_report = on_report  # e.g. forwarding to Ray Tune
-        self.history: list[dict] = []
-
-    def add(self, reports: list[dict]) -> None:
-        for item in reports:
-            self.history.append(item["metrics"])
-            if self.verbose:
-                print(self._line(len(self.history), item), file=sys.stdout, flush=True)
-            if self.on_report is not None:
-                self.on_report(item)
-
-    @staticmethod
-    def _line(iteration: int, item: dict) -> str:
-        parts = [
-            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in item["metrics"].items()
-        ]
-        text = f"[RingTrainer] iteration {iteration}: {', '.join(parts)}"
-        checkpoint = item["checkpoint"]
-        return f"{text} ({os.path.basename(checkpoint.path)})" if checkpoint is not None else text
 
 
 def _takes_config(fn: Callable) -> bool:
@@ -114,6 +97,7 @@ class RingTrainer:
         scaling_config: ScalingConfig | None = None,
         run_config: RunConfig | None = None,
         datasets: dict | None = None,
+        resume_from_checkpoint: Checkpoint | None = None,
     ):
         if not callable(train_loop_per_worker):
             raise TypeError(
@@ -130,6 +114,14 @@ class RingTrainer:
                 "define it as train_loop_per_worker(config)"
             )
         self.datasets = _check_datasets(datasets)
+        if resume_from_checkpoint is not None and not isinstance(
+            resume_from_checkpoint, Checkpoint
+        ):
+            raise TypeError(
+                f"resume_from_checkpoint must be a ray_runner.Checkpoint, got "
+                f"{type(resume_from_checkpoint).__name__}; e.g. result.checkpoint of an earlier fit"
+            )
+        self.resume_from_checkpoint = resume_from_checkpoint
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = train_loop_config
         self.scaling_config = scaling_config if scaling_config is not None else ScalingConfig()
@@ -180,28 +172,62 @@ class RingTrainer:
                 "cluster instead (ray job submit -- python train.py, or ray.init(address='auto') "
                 "on a cluster node), or pass an integer num_workers"
             )
-        run_dir = os.path.join(const.storage_path(self.run_config.storage_path), name)
-        os.makedirs(run_dir, exist_ok=True)
-        if client:
+        rc = self.run_config
+        storage = resolve_storage(rc.storage_path, rc.storage_filesystem)
+        run_dir = storage.join(name)
+        check_writable(storage, run_dir)
+        if client and storage.local:
             check_visible_on_cluster(run_dir)
-        store = CheckpointStore(run_dir, self.run_config.checkpoint_config.num_to_keep)
-        progress = _Progress(self.run_config.verbose, _on_report)
+        cc = rc.checkpoint_config
+        store = CheckpointStore(
+            run_dir,
+            cc.num_to_keep,
+            storage.filesystem,
+            cc.checkpoint_score_attribute,
+            cc.checkpoint_score_order,
+        )
+        callbacks = list(rc.callbacks or ())
+        reports = Reports(store, rc.verbose, callbacks, _on_report)
+        for callback in callbacks:
+            callback.on_start(name=name, path=run_dir, config=self.train_loop_config)
+        try:
+            self._attempts(name, store, reports)
+        except BaseException as exc:
+            for callback in callbacks:
+                callback.on_error(exc)
+            raise
+        kept = store.committed()
+        result = Result(
+            metrics=reports.history[-1] if reports.history else None,
+            checkpoint=kept[-1].checkpoint if kept else None,
+            path=run_dir,
+            metrics_history=reports.history,
+            best_checkpoints=[(c.checkpoint, c.metrics) for c in store.ranked(kept)],
+            filesystem=storage.filesystem,
+        )
+        for callback in callbacks:
+            callback.on_end(result)
+        return result
+
+    def _attempts(self, name: str, store: CheckpointStore, reports: Reports) -> None:
+        """Worker groups until one succeeds, or raise once restarts run out."""
         max_failures = self.run_config.failure_config.max_failures
         failures = 0
         while True:
-            errors = self._attempt(name, store, progress)
+            store.remove_uncommitted()  # a killed attempt's partial uploads
+            reports.new_attempt()
+            errors = self._attempt(name, store, reports)
+            reports.finish(succeeded=not errors)
             if not errors:
-                break
+                return
             failures += 1
             error = errors[0]
             if max_failures != -1 and failures > max_failures:
                 ordered = sorted(errors, key=lambda e: e.rank)
                 raise TrainingFailedError(error, failures, max_failures, ordered) from error
+            for callback in self.run_config.callbacks or ():
+                callback.on_restart(error=error, failures=failures)
             self._announce_restart(error, failures, store.latest())
-        last = progress.history[-1] if progress.history else None
-        return Result(
-            metrics=last, checkpoint=store.latest(), path=run_dir, metrics_history=progress.history
-        )
 
     def _announce_restart(
         self, error: WorkerError, failures: int, latest: Checkpoint | None
@@ -238,17 +264,24 @@ class RingTrainer:
         )
 
     def _setup(self, name: str, store: CheckpointStore) -> SessionSetup:
+        import pyarrow.fs as pafs
+
+        local = isinstance(store.filesystem, pafs.LocalFileSystem)
         return SessionSetup(
             experiment_name=name,
             run_dir=store.run_dir,
             num_to_keep=store.num_to_keep,
-            restore=store.latest(),
+            restore=store.latest() or self.resume_from_checkpoint,
             config=self.train_loop_config,
             pass_config=self._pass_config,
             elastic=self.scaling_config.elastic,
+            filesystem=None if local else store.filesystem,
+            next_index=store.next_index(),
+            attempt=uuid.uuid4().hex[:12],
+            score_attribute=store.score_attribute,
         )
 
-    def _attempt(self, name: str, store: CheckpointStore, progress: _Progress) -> list[WorkerError]:
+    def _attempt(self, name: str, store: CheckpointStore, progress: Reports) -> list[WorkerError]:
         """One worker group from start to end; the failed ranks' errors (first failure
         first), or [] on success."""
         setup = self._setup(name, store)
@@ -357,7 +390,7 @@ def _other_errors(executor: RayExecutor, refs: list, failed_rank: int) -> list[W
     return errors
 
 
-def _reports_of(rank0: Any, progress: _Progress) -> Callable[[], None]:
+def _reports_of(rank0: Any, progress: Reports) -> Callable[[], None]:
     """A poll that moves rank 0's queued reports to ``progress``.
 
     A dead rank 0 is not the poll's to report: its run call fails and says so.

@@ -72,6 +72,9 @@ def _to_tune(item: dict) -> None:
     if checkpoint is None:
         tune.report(dict(item["metrics"]))
     else:
-        tune.report(
-            dict(item["metrics"]), checkpoint=tune.Checkpoint.from_directory(checkpoint.path)
+        kept = (
+            tune.Checkpoint(checkpoint.path, filesystem=checkpoint.filesystem)
+            if checkpoint.filesystem is not None
+            else tune.Checkpoint.from_directory(checkpoint.path)
         )
+        tune.report(dict(item["metrics"]), checkpoint=kept)

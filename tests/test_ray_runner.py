@@ -404,7 +404,11 @@ def test_checkpoint_store_numbers_checkpoints_and_keeps_the_latest_num_to_keep(t
         persisted = store.persist(Checkpoint.from_directory(src))
         assert os.path.basename(persisted.path) == f"checkpoint_{i:06d}"
     assert [i for i, _ in store.indexed()] == [1, 2]
-    assert sorted(os.listdir(tmp_path / "run")) == ["checkpoint_000001", "checkpoint_000002"]
+    assert sorted(os.listdir(tmp_path / "run")) == [
+        ".ringtrain",  # the commit records
+        "checkpoint_000001",
+        "checkpoint_000002",
+    ]
     latest = store.latest()
     assert latest is not None and (tmp_path / "run" / "checkpoint_000002" / "it").read_text() == "2"
     copied = latest.to_directory(str(tmp_path / "copy"))
@@ -553,7 +557,7 @@ def test_fit_reports_three_iterations_and_keeps_checkpoints_under_storage_path(
         tmp_path / "three" / "checkpoint_000002"
     )
     assert (tmp_path / "three" / "checkpoint_000002" / "it").read_text() == "2"
-    assert sorted(p.name for p in (tmp_path / "three").iterdir()) == [
+    assert sorted(p.name for p in (tmp_path / "three").iterdir() if not p.name.startswith(".")) == [
         "checkpoint_000001",
         "checkpoint_000002",
     ]
