@@ -113,15 +113,22 @@ class HistoryPrinter:
         return self
 
     def finish(self, history: list[dict[str, Any]]) -> None:
-        """Stop polling and print (and hand on) the epochs of ``history`` not seen yet."""
+        """Stop polling, show rank 0's last progress, and print (and hand on) the epochs
+        of ``history`` not seen yet."""
+        self._stop_polling()
+        if self.display is not None:
+            self._show_progress()  # the last step, written after the poller's last look
         self._close()
         self._print_new(history)
 
-    def _close(self) -> None:
+    def _stop_polling(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+
+    def _close(self) -> None:
+        self._stop_polling()
         if self.display is not None:
             self.display.close()
 
