@@ -24,8 +24,12 @@ run resumes from it.)
   volume);
 - any other URL (``s3://``, ``gs://``, ``hdfs://``, ``abfs://``, ``memory://``, ...) →
   :class:`FsspecStore`, with ``storage_options`` passed to ``fsspec.filesystem``.
-  Spark writes the Parquet through the URL (``s3://`` as ``s3a://``); workers copy
-  their dataset to a local temporary directory through fsspec before reading it.
+  The Parquet is written by Spark through the URL (``s3://`` as ``s3a://``) when
+  Spark's Hadoop has a filesystem for the scheme and no ``storage_options`` are given
+  (Spark cannot take them), else by the executors' Python workers through fsspec and
+  pyarrow (``parquet_writer``: ``"auto"``, ``"spark"`` or ``"arrow"``). Workers read
+  their own row groups in place through fsspec, streamed; ``local_copy=True`` copies
+  each worker's dataset to a local temporary directory first instead.
   ``memory://`` lives inside one process: it serves the Store API on the driver (and
   tests), never a ``fit``, whose workers are other processes.
 
@@ -88,6 +92,7 @@ DEFAULT_VOLUME_ENV_VAR = "RING_DATABRICKS_VOLUME"
 DEFAULT_VOLUME = "/Volumes/main/default/ringtrain"
 # Spark (Hadoop) spells some fsspec schemes differently.
 _SPARK_SCHEMES = {"s3": "s3a", "gcs": "gs"}
+PARQUET_WRITERS = ("auto", "spark", "arrow")
 _CLAIM_LOCK = threading.Lock()
 _GLOB_MAGIC = re.compile(r"[*?[]")
 _RUN_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,199}$")
@@ -143,10 +148,32 @@ class Store(abc.ABC):
     prefix_path: str
 
     @staticmethod
-    def create(prefix_path: str, storage_options: dict[str, Any] | None = None) -> Store:
-        """A store for ``prefix_path``: see the module docstring for the choices."""
+    def create(
+        prefix_path: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        local_copy: bool = False,
+        parquet_writer: str = "auto",
+    ) -> Store:
+        """A store for ``prefix_path``: see the module docstring for the choices.
+        ``local_copy`` and ``parquet_writer`` are :class:`FsspecStore`'s (URLs only)."""
         if not isinstance(prefix_path, str) or not prefix_path:
             raise ValueError(f"Store.create takes a non-empty path or URL, got {prefix_path!r}")
+        remote = "://" in prefix_path and not prefix_path.startswith(("file://", "dbfs:"))
+        if (local_copy or parquet_writer != "auto") and not remote:
+            raise ValueError(
+                f"Store.create({prefix_path!r}, local_copy={local_copy!r}, parquet_writer="
+                f"{parquet_writer!r}): these options are for a remote fsspec URL (s3://, gs://, "
+                "...); a path every worker mounts is read in place and written by Spark. "
+                "Drop them, or give a URL."
+            )
+        if remote:
+            return FsspecStore(
+                prefix_path,
+                dict(storage_options or {}),
+                local_copy=local_copy,
+                parquet_writer=parquet_writer,
+            )
         on_databricks = bool(os.environ.get(DATABRICKS_ENV_VAR))
         if prefix_path.startswith("dbfs:"):
             if not on_databricks:
@@ -163,8 +190,6 @@ class Store(abc.ABC):
             return DBFSLocalStore(prefix_path)
         if prefix_path.startswith("file://"):
             return LocalStore(prefix_path[len("file://") :])
-        if "://" in prefix_path:
-            return FsspecStore(prefix_path, dict(storage_options or {}))
         return LocalStore(prefix_path)
 
     # --- paths ----------------------------------------------------------------------
@@ -319,6 +344,14 @@ class Store(abc.ABC):
     @property
     def spark_can_write(self) -> bool:
         """Whether Spark executors (other processes) can write and read this store."""
+        return True
+
+    def read_options(self) -> dict[str, Any] | None:
+        """The ``storage_options`` a reader opens this store's URLs with (None: a path)."""
+        return None
+
+    def reads_in_place(self) -> bool:
+        """Whether workers read the Parquet where it lies (else :meth:`localize` copies)."""
         return True
 
     @abc.abstractmethod
@@ -572,9 +605,32 @@ class FsspecStore(Store):
 
     prefix_path: str
     storage_options: dict[str, Any] = field(default_factory=dict)
+    #: copy each worker's dataset to its local TMPDIR before reading (else: read in place)
+    local_copy: bool = False
+    #: who writes the prepared Parquet: "spark" (Hadoop), "arrow" (the executors' Python
+    #: workers through fsspec) or "auto" (spark where Hadoop has the scheme and no
+    #: storage_options are given, else arrow); see estimators._prepare
+    parquet_writer: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefix_path", self.prefix_path.rstrip("/"))
+        if self.parquet_writer not in PARQUET_WRITERS:
+            raise ValueError(
+                f"FsspecStore({self.prefix_path!r}): parquet_writer={self.parquet_writer!r} is "
+                f"not one of {', '.join(map(repr, PARQUET_WRITERS))}. Use 'auto' unless you "
+                "know Spark's Hadoop can ('spark') or cannot ('arrow') write this scheme."
+            )
+        if not isinstance(self.local_copy, bool):
+            raise ValueError(
+                f"FsspecStore({self.prefix_path!r}): local_copy must be True or False, got "
+                f"{self.local_copy!r}."
+            )
+
+    def read_options(self) -> dict[str, Any] | None:
+        return dict(self.storage_options)
+
+    def reads_in_place(self) -> bool:
+        return not self.local_copy
 
     @property
     def protocol(self) -> str:

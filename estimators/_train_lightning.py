@@ -42,6 +42,7 @@ import torch
 import ringcore.torch as hvd
 
 from ._lightning import LogRecorder, check_reserved_trainer_args, overrides
+from ._readers import ValidationShard
 from ._spec import writer
 from ._train_torch import (
     TrainSpec,
@@ -156,16 +157,13 @@ class _TrainBatches:
 
 
 class _ValBatches:
-    """This rank's validation shard (held in memory) in ``val_batch_size`` batches."""
+    """This rank's validation shard (streamed from the store) in ``val_batch_size`` batches."""
 
-    def __init__(self, spec: TrainSpec, data: dict[str, np.ndarray]) -> None:
+    def __init__(self, spec: TrainSpec, data: ValidationShard) -> None:
         self.spec, self.data = spec, data
 
     def __len__(self) -> int:
-        rows = len(self.data[self.spec.label_cols[0]])
-        if self.spec.val_steps is not None:
-            rows = min(rows, self.spec.val_steps * self.spec.val_batch_size)
-        return -(-rows // self.spec.val_batch_size)
+        return len(self.data)  # val_steps at most
 
     def __iter__(self):
         for batch in _val_batches(self.spec, self.data):

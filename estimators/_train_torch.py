@@ -18,7 +18,6 @@ import contextlib
 import inspect
 import io
 import os
-import shutil
 import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
@@ -29,13 +28,13 @@ import numpy as np
 import torch
 
 import ringcore.torch as hvd
-from ringcore.data import make_reader, read_shard
 
 from ._callbacks import CallbackList
 from ._knobs import TrainingKnobs, best_and_wait, build_scheduler, is_plateau
 from ._lightning import LogRecorder
 from ._metrics import resolve_metrics
 from ._progress import torch_progress_callbacks
+from ._readers import ValidationShard, data_paths, open_training, read_whole_shard
 from ._spec import DataSpec, writer
 
 __all__ = ["TrainSpec", "as_outputs", "to_device", "to_inputs", "train"]
@@ -221,17 +220,26 @@ def _columns(spec: _ColumnSpec) -> list[str]:
     return spec.feature_cols + spec.label_cols + weight
 
 
-def _load_validation(spec: TrainSpec, local_path: str | None) -> dict[str, np.ndarray] | None:
-    if local_path is None:
+def _load_validation(spec: TrainSpec, path: str | None) -> ValidationShard | None:
+    """This rank's validation shard, streamed batch by batch each time it is iterated."""
+    if path is None:
         return None
-    return read_shard(
-        local_path, rank=hvd.rank(), size=hvd.size(), columns=_columns(spec), reader=spec.reader
+    return ValidationShard(
+        spec.store,
+        path,
+        rank=hvd.rank(),
+        size=hvd.size(),
+        columns=_columns(spec),
+        reader=spec.reader,
+        batch_size=spec.val_batch_size,
+        steps=spec.val_steps,
     )
 
 
-def _load_shard(spec: TrainSpec, local_path: str) -> dict[str, np.ndarray]:
-    return read_shard(
-        local_path, rank=hvd.rank(), size=hvd.size(), columns=_columns(spec), reader=spec.reader
+def _load_shard(spec: TrainSpec, path: str) -> dict[str, np.ndarray]:
+    rank, size = hvd.rank(), hvd.size()
+    return read_whole_shard(
+        spec.store, path, rank=rank, size=size, columns=_columns(spec), reader=spec.reader
     )
 
 
@@ -241,23 +249,10 @@ def _transformed(spec: TrainSpec, batch: dict[str, np.ndarray]) -> dict[str, np.
 
 @contextlib.contextmanager
 def _local_copies(spec: TrainSpec) -> Iterator[tuple[str, str | None]]:
-    """Local paths of the training and validation data: the store's own when it is
-    local, else copies fetched through fsspec (removed afterwards)."""
-    if spec.store.is_local():
-        yield spec.train_path, spec.val_path
-        return
-    train_path = spec.store.localize(spec.train_path)
-    try:
-        val_path = spec.store.localize(spec.val_path) if spec.val_path is not None else None
-    except BaseException:  # the training copy is not left behind
-        shutil.rmtree(os.path.dirname(train_path), ignore_errors=True)
-        raise
-    try:
-        yield train_path, val_path
-    finally:
-        for path in (train_path, val_path):
-            if path is not None:
-                shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+    """The paths of the training and validation data: the store's own, read in place
+    (a remote store too), or local copies with ``local_copy=True`` (see _readers)."""
+    with data_paths(spec.store, spec.train_path, spec.val_path) as paths:
+        yield paths
 
 
 # --- one epoch ------------------------------------------------------------------------------
@@ -451,16 +446,12 @@ def _train_epoch(task: _Task, spec: TrainSpec, batches: Any) -> np.ndarray:
     return totals.cpu().numpy()
 
 
-def _val_batches(spec: TrainSpec, data: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
-    rows = len(data[spec.label_cols[0]])
-    if spec.val_steps is not None:
-        rows = min(rows, spec.val_steps * spec.val_batch_size)
-    for start in range(0, rows, spec.val_batch_size):
-        batch = {k: v[start : min(rows, start + spec.val_batch_size)] for k, v in data.items()}
+def _val_batches(spec: TrainSpec, data: ValidationShard) -> Iterator[dict[str, np.ndarray]]:
+    for batch in data:  # streamed from the store: val_batch_size rows, val_steps at most
         yield _transformed(spec, batch)
 
 
-def _evaluate(task: _Task, spec: TrainSpec, data: dict[str, np.ndarray] | None) -> np.ndarray:
+def _evaluate(task: _Task, spec: TrainSpec, data: ValidationShard | None) -> np.ndarray:
     totals = np.zeros(_width(task, spec))
     if data is None:
         return totals
@@ -598,7 +589,8 @@ def _epoch_batches(
     row-group shards may differ by a few rows, and a tiny dataset may hold less than
     a batch per rank) goes on reading passes without a break until the steps are done."""
     for num_epochs, extra in ((1, 0), (None, 1)):
-        with make_reader(
+        with open_training(
+            spec.store,
             train_path,
             rank=hvd.rank(),
             size=hvd.size(),
@@ -647,7 +639,7 @@ def _run_epochs(
     spec: TrainSpec,
     train_path: str,
     cached: dict[str, np.ndarray] | None,
-    val_data: dict[str, np.ndarray] | None,
+    val_data: ValidationShard | None,
     start_epoch: int,
     history: list[dict[str, Any]],
 ) -> None:

@@ -14,11 +14,20 @@ dropped). Two readers sit behind it:
   ``total_rows // size`` contiguous rows, whatever the files look like.
 
 ``"auto"`` picks petastorm when it is installed and the stack check
-(``ringcore._stackcheck``) finds it working, else arrow. ``read_shard`` reads a
-rank's shard once, whole (for validation); ``parquet_row_counts`` reads the row
-count of every file from the footers. Array columns (``list<float>``) become 2-D
-arrays. This module imports neither pyspark nor ray; petastorm only inside the
-functions that use it.
+(``ringcore._stackcheck``) finds it working, else arrow. ``iter_shard`` streams a
+rank's shard once in batches of at most ``batch_size`` rows, dropping none (for
+validation: memory holds one batch, not the shard); ``read_shard`` is the same rows
+concatenated; ``parquet_row_counts`` reads the row count of every file from the
+footers. Array columns (``list<float>``) become 2-D arrays.
+
+The dataset is a local path, a ``file://`` URL, or any fsspec URL (``s3://bucket/x``,
+``gs://...``; ``storage_options`` go to ``fsspec.filesystem``): a remote dataset is
+read in place, each rank fetching only its own row groups (Parquet footers and
+column chunks through ranged reads), never a copy of the whole. A reader counts what
+it read: ``rows_read``, and ``files`` (the arrow reader's files of this shard).
+
+This module imports neither pyspark nor ray; petastorm and fsspec only inside the
+functions that use them.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import numpy as np
 __all__ = [
     "READERS",
     "ShardReader",
+    "iter_shard",
     "make_reader",
     "parquet_row_counts",
     "petastorm_problems",
@@ -50,20 +60,40 @@ Batch = dict[str, np.ndarray]
 # --- paths and choices --------------------------------------------------------------
 
 
+Options = dict[str, Any] | None
+
+
+def _is_remote(path_or_url: str) -> bool:
+    text = str(path_or_url)
+    return "://" in text and not text.startswith("file://")
+
+
 def _local_path(path_or_url: str) -> str:
     text = str(path_or_url)
-    if text.startswith("file://"):
-        return text[len("file://") :]
-    if "://" in text:
+    return text[len("file://") :] if text.startswith("file://") else text
+
+
+def _petastorm_url(path_or_url: str) -> str:
+    return str(path_or_url) if _is_remote(path_or_url) else "file://" + _local_path(path_or_url)
+
+
+def _dataset(path_or_url: str, storage_options: Options) -> Any:
+    """The ``pyarrow.dataset`` at a local path or fsspec URL (footers only: no rows read)."""
+    import pyarrow.dataset as pads
+
+    if not _is_remote(path_or_url):
+        return pads.dataset(_local_path(path_or_url), format="parquet")
+    import fsspec.core
+
+    try:
+        fs, path = fsspec.core.url_to_fs(str(path_or_url), **(storage_options or {}))
+    except (ImportError, ValueError) as exc:
         raise ValueError(
-            f"ringcore.data reads local Parquet datasets; got the URL {text!r}. "
-            "Pass a local path or a file:// URL."
-        )
-    return text
-
-
-def _file_url(path_or_url: str) -> str:
-    return "file://" + _local_path(path_or_url)
+            f"cannot open the Parquet dataset {path_or_url!r} through fsspec: {exc}. Install "
+            "the fsspec implementation of its scheme (s3fs for s3://, gcsfs for gs://, adlfs "
+            "for abfs://) or pass a local path."
+        ) from exc
+    return pads.dataset(path, format="parquet", filesystem=fs)
 
 
 def resolve_reader(reader: str) -> str:
@@ -142,9 +172,13 @@ def _stack_objects(name: str, values: np.ndarray) -> np.ndarray:
 
 
 def _rebatch(
-    chunks: Iterable[Batch], batch_size: int, rng: np.random.Generator | None
+    chunks: Iterable[Batch],
+    batch_size: int,
+    rng: np.random.Generator | None,
+    drop_last: bool = True,
 ) -> Iterator[Batch]:
-    """Exactly ``batch_size`` rows per batch out of chunks of any size (views where it can)."""
+    """Exactly ``batch_size`` rows per batch out of chunks of any size (views where it
+    can); the last partial batch is dropped, or yielded with ``drop_last=False``."""
     buffer: Batch | None = None
     offset = 0
     for chunk in chunks:
@@ -161,6 +195,8 @@ def _rebatch(
         while rows - offset >= batch_size:
             yield {k: v[offset : offset + batch_size] for k, v in buffer.items()}
             offset += batch_size
+    if not drop_last and buffer is not None and offset < len(next(iter(buffer.values()))):
+        yield {k: v[offset:] for k, v in buffer.items()}
 
 
 # --- petastorm ----------------------------------------------------------------------------
@@ -173,6 +209,36 @@ def _quiet_petastorm() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm(\.|$)")
 
 
+def _petastorm_filesystem(url: str, storage_options: Options) -> Any:
+    """For a remote URL, the fsspec filesystem wrapped as the legacy
+    ``pyarrow.filesystem`` kind that petastorm 0.12's ``ParquetDataset`` calls need
+    (pyarrow 14's new dataset API refuses petastorm's arguments); None for a local path."""
+    if not _is_remote(url):
+        return None
+    import fsspec.core
+    from pyarrow.filesystem import DaskFileSystem
+
+    class _Legacy(DaskFileSystem):  # type: ignore[misc]
+        def isdir(self, path: str) -> bool:
+            return bool(self.fs.isdir(path))
+
+        def isfile(self, path: str) -> bool:
+            return bool(self.fs.isfile(path))
+
+        @property
+        def pathsep(self) -> str:
+            return "/"
+
+        def walk(self, path: str) -> Iterator[tuple[str, list[str], list[str]]]:
+            for root, dirs, files in self.fs.walk(path):
+                yield root, sorted(dirs), sorted(files)
+
+    fs = fsspec.core.url_to_fs(url, **(storage_options or {}))[0]
+    with warnings.catch_warnings():  # DaskFileSystem is deprecated: petastorm needs it
+        warnings.simplefilter("ignore", FutureWarning)
+        return _Legacy(fs)
+
+
 def _open_petastorm(
     url: str,
     rank: int,
@@ -182,6 +248,7 @@ def _open_petastorm(
     shuffle: bool,
     seed: int,
     workers_count: int,
+    storage_options: Options = None,
 ) -> Any:
     from petastorm import make_batch_reader
     from petastorm.errors import NoDataAvailableError
@@ -198,6 +265,9 @@ def _open_petastorm(
             seed=seed,
             workers_count=workers_count,
             reader_pool_type="thread",
+            # a few row groups decoded ahead, not petastorm's 50: memory stays flat
+            results_queue_size=max(2, 2 * workers_count),
+            filesystem=_petastorm_filesystem(url, storage_options),
         )
     except NoDataAvailableError as exc:
         raise ValueError(
@@ -216,11 +286,9 @@ def _petastorm_chunks(reader: Any, columns: Sequence[str]) -> Iterator[Batch]:
 # --- arrow ----------------------------------------------------------------------------------
 
 
-def _row_group_pieces(path: str) -> list[tuple[Any, int]]:
+def _row_group_pieces(path_or_url: str, storage_options: Options) -> list[tuple[Any, int]]:
     """Every row group of the dataset as ``(fragment, rows)``, in file-name order."""
-    import pyarrow.dataset as pads
-
-    dataset = pads.dataset(path, format="parquet")
+    dataset = _dataset(path_or_url, storage_options)
     pieces = []
     for fragment in sorted(dataset.get_fragments(), key=lambda f: f.path):
         for group in fragment.split_by_row_group():
@@ -246,17 +314,25 @@ def _read_slices(slices: Iterable[tuple[Any, int, int]], columns: Sequence[str])
         yield to_numpy_columns(fragment.to_table(columns=list(columns)).slice(first, rows), columns)
 
 
+def _arrow_slices(
+    path_or_url: str, rank: int, size: int, storage_options: Options, even: bool
+) -> list[tuple[Any, int, int]]:
+    """This rank's rows as row-group slices: ``total // size`` rows each (``even``, for
+    training: the same on every rank), or ``[rank*total//size, (rank+1)*total//size)``
+    (ranks differ by at most one row, none dropped: validation)."""
+    pieces = _row_group_pieces(path_or_url, storage_options)
+    total = sum(rows for _, rows in pieces)
+    if even:
+        return _shard_slices(pieces, rank * (total // size), (rank + 1) * (total // size))
+    return _shard_slices(pieces, rank * total // size, (rank + 1) * total // size)
+
+
 def _arrow_chunks(
-    path: str,
-    rank: int,
-    size: int,
+    slices: list[tuple[Any, int, int]],
     columns: Sequence[str],
     num_epochs: int | None,
     rng: np.random.Generator | None,
 ) -> Iterator[Batch]:
-    pieces = _row_group_pieces(path)
-    per_rank = sum(rows for _, rows in pieces) // size
-    slices = _shard_slices(pieces, rank * per_rank, (rank + 1) * per_rank)
     epoch = 0
     while slices and (num_epochs is None or epoch < num_epochs):
         order = rng.permutation(len(slices)) if rng is not None else range(len(slices))
@@ -268,9 +344,12 @@ def _arrow_chunks(
 
 
 class ShardReader:
-    """This rank's batches: iterate for ``{column: ndarray}`` of ``batch_size`` rows.
+    """This rank's batches: iterate for ``{column: ndarray}`` of ``batch_size`` rows
+    (the last one shorter with ``drop_last=False``).
 
-    A context manager; ``close()`` stops petastorm's reader threads.
+    A context manager; ``close()`` stops petastorm's reader threads. ``rows_read``
+    counts the rows read so far; ``files`` are the files of the arrow reader's shard
+    (empty for petastorm, which picks its row groups inside).
     """
 
     def __init__(
@@ -286,6 +365,9 @@ class ShardReader:
         seed: int = 0,
         num_epochs: int | None = None,
         workers_count: int = 1,
+        storage_options: Options = None,
+        drop_last: bool = True,
+        even: bool = True,
     ):
         _check_shard(rank, size)
         if batch_size < 1:
@@ -298,10 +380,12 @@ class ShardReader:
         self.columns = list(columns)
         self.batch_size = batch_size
         rng = np.random.default_rng([seed, rank]) if shuffle else None
+        self.rows_read = 0
+        self.files: list[str] = []
         self._petastorm = None
         if self.reader == "petastorm":
             self._petastorm = _open_petastorm(
-                _file_url(path_or_url),
+                _petastorm_url(path_or_url),
                 rank,
                 size,
                 self.columns,
@@ -309,13 +393,20 @@ class ShardReader:
                 shuffle,
                 seed,
                 workers_count,
+                storage_options,
             )
             chunks = _petastorm_chunks(self._petastorm, self.columns)
         else:
-            chunks = _arrow_chunks(
-                _local_path(path_or_url), rank, size, self.columns, num_epochs, rng
-            )
-        self._batches = _rebatch(chunks, batch_size, rng)
+            slices = _arrow_slices(path_or_url, rank, size, storage_options, even)
+            self.files = sorted({fragment.path for fragment, _, _ in slices})
+            chunks = _arrow_chunks(slices, self.columns, num_epochs, rng)
+        self._chunks = self._counted(chunks)  # as read: one row group (or petastorm batch) each
+        self._batches = _rebatch(self._chunks, batch_size, rng, drop_last)
+
+    def _counted(self, chunks: Iterable[Batch]) -> Iterator[Batch]:
+        for chunk in chunks:
+            self.rows_read += len(next(iter(chunk.values())))
+            yield chunk
 
     def __iter__(self) -> Iterator[Batch]:
         return self._batches
@@ -348,13 +439,15 @@ def make_reader(
     seed: int = 0,
     num_epochs: int | None = None,
     workers_count: int = 1,
+    storage_options: Options = None,
 ) -> ShardReader:
-    """Open this rank's shard of the Parquet dataset at ``path_or_url`` (a local path
-    or ``file://`` URL) as batches of exactly ``batch_size`` rows.
+    """Open this rank's shard of the Parquet dataset at ``path_or_url`` (a local path,
+    ``file://`` URL or fsspec URL, read in place) as batches of exactly ``batch_size`` rows.
 
     ``num_epochs=None`` reads forever (the caller counts its steps); ``shuffle``
     shuffles the order of row groups and the rows within each (seeded by ``seed``
-    and the rank); ``workers_count`` is petastorm's reader-thread count.
+    and the rank); ``workers_count`` is petastorm's reader-thread count;
+    ``storage_options`` go to ``fsspec.filesystem`` for a remote URL.
     """
     return ShardReader(
         path_or_url,
@@ -367,6 +460,7 @@ def make_reader(
         seed=seed,
         num_epochs=num_epochs,
         workers_count=workers_count,
+        storage_options=storage_options,
     )
 
 
@@ -377,33 +471,61 @@ def _concat(chunks: Iterable[Batch], columns: Sequence[str]) -> Batch:
     return {c: np.concatenate([chunk[c] for chunk in collected]) for c in columns}
 
 
-def read_shard(
-    path_or_url: str, *, rank: int, size: int, columns: Sequence[str], reader: str = "petastorm"
-) -> Batch:
-    """Every row of this rank's shard, once, as ``{column: ndarray}`` (e.g. for validation).
+def iter_shard(
+    path_or_url: str,
+    *,
+    rank: int,
+    size: int,
+    columns: Sequence[str],
+    batch_size: int,
+    reader: str = "petastorm",
+    storage_options: Options = None,
+) -> ShardReader:
+    """Every row of this rank's shard, once, streamed in batches of ``batch_size`` rows
+    (the last one shorter): memory holds a batch and the row group being read, never
+    the whole shard (e.g. for validation).
 
     The arrow reader splits the rows as evenly as it can (ranks differ by at most one
     row) and drops none; petastorm gives each rank whole row groups.
     """
-    _check_shard(rank, size)
-    if resolve_reader(reader) == "petastorm":
-        petastorm_reader = _open_petastorm(
-            _file_url(path_or_url), rank, size, columns, 1, False, 0, 1
-        )
-        try:
-            return _concat(_petastorm_chunks(petastorm_reader, columns), columns)
-        finally:
-            petastorm_reader.stop()
-            petastorm_reader.join()
-    pieces = _row_group_pieces(_local_path(path_or_url))
-    total = sum(rows for _, rows in pieces)
-    start, stop = rank * total // size, (rank + 1) * total // size
-    return _concat(_read_slices(_shard_slices(pieces, start, stop), columns), columns)
+    return ShardReader(
+        path_or_url,
+        rank=rank,
+        size=size,
+        batch_size=batch_size,
+        columns=columns,
+        reader=reader,
+        num_epochs=1,
+        storage_options=storage_options,
+        drop_last=False,
+        even=False,
+    )
 
 
-def parquet_row_counts(path_or_url: str) -> list[int]:
+def read_shard(
+    path_or_url: str,
+    *,
+    rank: int,
+    size: int,
+    columns: Sequence[str],
+    reader: str = "petastorm",
+    storage_options: Options = None,
+) -> Batch:
+    """Every row of this rank's shard, once, as ``{column: ndarray}`` (what
+    :func:`iter_shard` streams, held whole: for ``inmemory_cache_all``)."""
+    with iter_shard(
+        path_or_url,
+        rank=rank,
+        size=size,
+        columns=columns,
+        batch_size=1,
+        reader=reader,
+        storage_options=storage_options,
+    ) as shard:
+        return _concat(shard._chunks, columns)
+
+
+def parquet_row_counts(path_or_url: str, storage_options: Options = None) -> list[int]:
     """Rows of every file of the Parquet dataset (from the footers), in file-name order."""
-    import pyarrow.dataset as pads
-
-    dataset = pads.dataset(_local_path(path_or_url), format="parquet")
+    dataset = _dataset(path_or_url, storage_options)
     return [f.metadata.num_rows for f in sorted(dataset.get_fragments(), key=lambda f: f.path)]

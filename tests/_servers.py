@@ -1,12 +1,14 @@
 """Helpers for test fixtures that start a server process of their own (a Spark
-standalone master, a Spark Connect server, a ``ray start --head``) on 127.0.0.1."""
+standalone master, a Spark Connect server, a ``ray start --head``) on 127.0.0.1, and
+``moto_s3_server()``: a real S3 API (moto's server mode) on 127.0.0.1."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 
 def free_port() -> int:
@@ -37,3 +39,28 @@ def wait_for_port(
     raise TimeoutError(
         f"{what} did not listen on 127.0.0.1:{port} within {timeout_s} s\n{details()}".rstrip()
     )
+
+
+#: what a client of :func:`moto_s3_server` passes: moto takes any key, and refuses none
+S3_TEST_CREDENTIALS = {"key": "testing", "secret": "testing"}
+
+
+@contextlib.contextmanager
+def moto_s3_server() -> Iterator[dict[str, object]]:
+    """A real S3 API on 127.0.0.1 (moto's ``ThreadedMotoServer``, in this process: Spark
+    and Ray workers reach it over HTTP like any S3 endpoint), stopped on exit even when
+    the test fails. Yields fsspec/s3fs ``storage_options`` for it: ``endpoint_url``
+    plus dummy ``key``/``secret``; the endpoint alone is ``options["endpoint_url"]``.
+    Buckets are made by the caller (``s3fs.S3FileSystem(**options).mkdir("bucket")``)."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # not a line per request
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield {"endpoint_url": f"http://127.0.0.1:{port}", **S3_TEST_CREDENTIALS}
+    finally:
+        server.stop()
