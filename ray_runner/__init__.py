@@ -17,6 +17,7 @@ from ._errors import PlacementGroupTimeoutError, TrainingFailedError
 from ._executor import RayExecutor
 from ._session import TrainContext, get_checkpoint, get_context, get_dataset_shard, report
 from ._settings import RaySettings
+from ._torch import get_device, prepare_data_loader, prepare_model
 from ._trainer import Result, RingTrainer
 
 __all__ = [
@@ -37,6 +38,9 @@ __all__ = [
     "get_checkpoint",
     "get_context",
     "get_dataset_shard",
+    "get_device",
+    "prepare_data_loader",
+    "prepare_model",
     "ray_logger",
     "report",
 ]

@@ -252,8 +252,9 @@ class CheckpointStore:
                 self.filesystem.move(self._join(staged, *name.split("/")), target)
                 owned.add(name)
                 kept[rank].append(name)
+        if len(files) > 1:  # this index's staging folder, with every rank's (now empty) one
             with contextlib.suppress(OSError):
-                self.filesystem.delete_dir(staged)
+                self.filesystem.delete_dir(self._parent(self.staging(index, 1)))
         return kept
 
     def _parent(self, path: str) -> str:
