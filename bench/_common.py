@@ -23,7 +23,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import types
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -180,40 +179,16 @@ def environment(packages: Sequence[str] = ("torch",)) -> dict[str, Any]:
     }
 
 
-_NOT_STATE = (type, types.ModuleType, types.FunctionType, types.MethodType)
+def data_plane() -> dict[str, Any]:
+    """What carried ours' data on this rank (call after ``init()``, in a worker), from
+    ``ringcore.launch.data_plane()``: the backend, the mode ("flat"/"hierarchical" when
+    the shared-memory plane holds, else "network") and the ops each path carried;
+    ``shm`` names the shared-memory mode (empty on the network path). ``RING_SHM`` in
+    the environment says what was asked; this says what the engine holds."""
+    from ringcore.launch import data_plane as plane
 
-
-def data_plane(depth: int = 3) -> dict[str, Any]:
-    """What carried ours' data on this rank (call after ``init()``, in a worker): the
-    engine's backend name and class, and every shared-memory object found from the
-    engine and its backend through up to ``depth`` attributes (class names with "shm",
-    as ``ringcore._shm.ShmGroup``). ``RING_SHM`` in the environment says what was asked;
-    this says what the engine holds."""
-    from ringcore import _state
-
-    state = _state.current
-    engine = None if state is None else state.engine
-    backend = None if engine is None else getattr(engine, "backend", None)
-    found: set[str] = set()
-    seen: set[int] = set()
-    layer = [(type(o).__name__, o) for o in (engine, backend) if o is not None]
-    for _ in range(depth):
-        nxt = []
-        for path, obj in layer:
-            if id(obj) in seen:
-                continue
-            seen.add(id(obj))
-            for attr, value in getattr(obj, "__dict__", {}).items():
-                if "shm" in type(value).__name__.lower():
-                    found.add(f"{path}.{attr}: {type(value).__name__}")
-                elif not isinstance(value, _NOT_STATE) and hasattr(value, "__dict__"):
-                    nxt.append((f"{path}.{attr}", value))
-        layer = nxt
-    return {
-        "backend": getattr(backend, "name", None),
-        "backend_class": None if backend is None else type(backend).__name__,
-        "shm": sorted(found),
-    }
+    found = plane() or {"backend": None, "mode": "network", "ops": {}, "engine": {}}
+    return {**found, "shm": [] if found["mode"] == "network" else [found["mode"]]}
 
 
 def finish(env: dict[str, Any]) -> dict[str, Any]:

@@ -46,7 +46,7 @@ sys.path.insert(0, sys.argv[1])
 import _common
 import torch, torch.distributed as dist
 import ringcore.torch as hvd
-import ringcore._state as st
+from ringcore.launch import data_plane
 
 torch.set_num_threads(1)
 sizes, rounds = json.loads(sys.argv[2]), int(sys.argv[3])
@@ -70,9 +70,8 @@ for nbytes in sizes:
             for _ in range(burst):
                 peers[peer](x)
             times[nbytes][peer].append((time.perf_counter() - t0) / burst)
-backend = st.current.engine.backend
-out = {"times": times, "right": right, "mode": getattr(backend, "mode", None),
-       "stats": getattr(backend, "stats", None)}
+plane = data_plane()
+out = {"times": times, "right": right, "mode": plane["mode"], "stats": plane["ops"]}
 hvd.shutdown()
 print(json.dumps(out), flush=True)
 """

@@ -97,6 +97,24 @@ def backend_name() -> str | None:
     return None if state is None or state.engine is None else state.engine.backend.name
 
 
+def data_plane() -> dict[str, Any] | None:
+    """What carries this rank's tensors, None before init(): ``backend`` (as
+    :func:`backend_name`), ``mode`` ("flat" or "hierarchical" when the shared-memory
+    plane holds, "network" otherwise), ``ops`` (how many ops each path carried) and
+    ``engine`` (the control path's counters: cached-id and full requests)."""
+    state = current
+    if state is None or state.engine is None:
+        return None
+    backend = state.engine.backend
+    mode = getattr(backend, "mode", None)
+    return {
+        "backend": backend.name,
+        "mode": mode if mode in ("flat", "hierarchical") else "network",
+        "ops": dict(getattr(backend, "stats", {})),
+        "engine": dict(getattr(state.engine, "stats", {})),
+    }
+
+
 def dynamic_process_sets_enabled() -> bool:
     state = current
     return bool(state and state.dynamic_process_sets)

@@ -18,7 +18,8 @@ variables; this module is the contract between a launcher and ``ringcore.init()`
   process that leaves a job;
 - rank order and interfaces across hosts (:func:`host_major_order`,
   :func:`nic_names`, :func:`nics_env`);
-- the data-plane backend a running job uses (:func:`backend_name`), and how a
+- the data-plane backend a running job uses (:func:`backend_name`; :func:`data_plane`
+  says which path, shared memory or network, carried its ops), and how a
   launcher bounds the silence of a peer on its own sockets (:func:`bound_silence`);
 - GPU checks a launcher runs before starting anything (:func:`check_use_gpu`,
   :func:`pin_gpu`, :class:`GpuUnavailableError`);
@@ -66,7 +67,7 @@ from ._elastic_policy import ElasticPolicy, Workers
 from ._iface import NICS_ENV_VARS, nic_names, nics_env
 from ._pickling import dumps_with_user_code
 from ._rendezvous import worker_env
-from ._state import backend_name
+from ._state import backend_name, data_plane
 from ._store_server import start_store_server, stop_store_server
 from ._topology import host_major_order
 from ._wire import bound_silence
@@ -100,6 +101,7 @@ __all__ = [
     "Workers",
     "answer",
     "backend_name",
+    "data_plane",
     "bound_silence",
     "check_use_gpu",
     "dumps_with_user_code",

@@ -91,37 +91,30 @@ def test_training_quick_writes_the_schema(tmp_path):
     assert all(len(r["ours_data_plane_per_rank"]) == 2 for r in report["rows"])
 
 
-class FakeShmGroup:  # a class named as ringcore._shm's group, held two attributes down
-    pass
-
-
-class _Holder:
-    def __init__(self) -> None:
-        self.group = FakeShmGroup()
-
-
-def _probe_planes() -> tuple[dict, dict]:
+def _probe_plane() -> dict:
     sys.path.insert(0, str(ROOT / "bench"))
     import _common
+    import torch
 
-    import ringcore
-    from ringcore import _state
+    import ringcore.torch as hvd
 
-    ringcore.init()
+    hvd.init()
     try:
-        before = _common.data_plane()
-        _state.current.engine.backend.local = _Holder()
-        return before, _common.data_plane()
+        hvd.allreduce(torch.ones(1024), name="probe")
+        return _common.data_plane()
     finally:
-        del _state.current.engine.backend.local
-        ringcore.shutdown()
+        hvd.shutdown()
 
 
 @pytest.mark.timeout(120)
-def test_data_plane_reports_a_shared_memory_group_found_below_the_backend():
+@pytest.mark.parametrize("shm", ["1", "0"])
+def test_data_plane_says_which_path_carried_ours(shm):
     from ringcore.testing import run_workers
 
-    for before, after in run_workers(_probe_planes, np=2, timeout=100):
-        assert before["backend"] and before["backend_class"]
-        fake = f"{after['backend_class']}.local.group: FakeShmGroup"
-        assert fake not in before["shm"] and after["shm"] == sorted([*before["shm"], fake])
+    for plane in run_workers(_probe_plane, np=2, timeout=100, env={"RING_SHM": shm}):
+        assert plane["backend"] == "gloo"
+        if shm == "1":  # two ranks on one host: the shared-memory plane carried the op
+            assert plane["mode"] == "flat" and plane["shm"] == ["flat"], plane
+            assert plane["ops"]["shm"] >= 1 and plane["ops"]["network"] == 0, plane
+        else:
+            assert plane["mode"] == "network" and plane["shm"] == [], plane

@@ -53,12 +53,7 @@ def test_package_never_imports_what_design_forbids(package):
 PACKAGES = ("ringcore", "spark_runner", "ray_runner", "estimators")
 CLIENTS = ("estimators", "spark_runner", "ray_runner", "notebooks", "bench", "tools")
 # (file, private name) pairs allowed, each with its reason; keep this list short
-EXCEPTIONS = {
-    # measures the shared-memory data plane on its own, before the engine uses it
-    # (docs/status.md, issue 21); goes when the engine picks it and the bench runs
-    # through ringcore.torch
-    ("bench/shm.py", "ringcore._shm.ShmGroup"),
-}
+EXCEPTIONS: set[tuple[str, str]] = set()
 
 
 def _private(dotted: str) -> bool:
