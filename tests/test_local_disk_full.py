@@ -1,7 +1,9 @@
 """A worker's local disk full while it copies the training data from a remote store: a
 tiny tmpfs (root mounts it; skipped with the reason elsewhere) is the workers' TMPDIR.
-The copy fails with an error that names the local disk, the sizes and the fix — not the
-store, which is fine — and leaves nothing on the small disk."""
+Workers copy only for a store made with ``local_copy=True`` (else they read in place,
+streamed: tests/test_data_streaming.py). The copy fails with an error that names the
+local disk, the sizes and the fix — not the store, which is fine — and leaves nothing
+on the small disk."""
 
 from __future__ import annotations
 
@@ -88,7 +90,7 @@ try:
         model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         loss=torch.nn.CrossEntropyLoss(), feature_cols=["x"], label_cols=["y"],
         batch_size=64, epochs=1, num_proc=2, reader="arrow", verbose=0,
-        store=FsspecStore("file://" + sys.argv[2]), run_id="diskfull",
+        store=FsspecStore("file://" + sys.argv[2], local_copy=True), run_id="diskfull",
     )
     try:
         estimator.fit(df)
