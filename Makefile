@@ -107,11 +107,12 @@ test-spark35-newest: $(S35_STAMP) build/pyspark-$(S35_NEWEST_PYSPARK)/.installed
 # not quoted in the docs). About 30 min on an idle 2-core machine; run it on a quiet
 # one. BENCH_ARGS=--quick: small sizes, for a smoke run (about 15 min: the Spark and Ray
 # peers' start-up is the floor). A failing script stops the run.
-BENCH_SCRIPTS := collectives training keras spark_launch estimator ray_trainer shm
+BENCH_SCRIPTS := collectives training keras spark_launch estimator ray_trainer shm control_path
 BENCH_ARGS ?=
 bench: $(STAMP)
 	set -e; for s in $(BENCH_SCRIPTS); do echo "== bench/$$s.py $(BENCH_ARGS)"; \
 		$(PY) bench/$$s.py $(BENCH_ARGS); done
+	$(PY) bench/control_path.py --stages $(BENCH_ARGS)
 	$(PY) tools/bench_tables.py
 	PYTHON=$(PY) bench/gpu_check.sh --quick
 
