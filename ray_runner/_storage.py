@@ -23,6 +23,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from ringcore import RingError
+
 from . import _constants as const
 
 __all__ = ["Storage", "StorageError", "check_writable", "resolve"]
@@ -31,7 +33,7 @@ __all__ = ["Storage", "StorageError", "check_writable", "resolve"]
 _PROCESS_LOCAL = ("memory", "mock")
 
 
-class StorageError(ValueError):
+class StorageError(RingError, ValueError):
     """The run's storage cannot be opened or written; raised on the driver before workers start."""
 
 
