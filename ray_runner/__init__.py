@@ -15,8 +15,10 @@ from ._config import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from ._elastic_executor import ElasticRayExecutor
 from ._errors import PlacementGroupTimeoutError, TrainingFailedError
 from ._executor import RayExecutor
+from ._mlflow_callback import MLflowLoggerCallback
 from ._session import TrainContext, get_checkpoint, get_context, get_dataset_shard, report
 from ._settings import RaySettings
+from ._tbx_callback import TBXLoggerCallback
 from ._torch import get_device, prepare_data_loader, prepare_model
 from ._trainer import Result, RingTrainer
 
@@ -26,6 +28,7 @@ __all__ = [
     "CheckpointConfig",
     "ElasticRayExecutor",
     "FailureConfig",
+    "MLflowLoggerCallback",
     "PlacementGroupTimeoutError",
     "RayExecutor",
     "RaySettings",
@@ -33,6 +36,7 @@ __all__ = [
     "RingTrainer",
     "RunConfig",
     "ScalingConfig",
+    "TBXLoggerCallback",
     "TrainContext",
     "TrainingFailedError",
     "get_checkpoint",

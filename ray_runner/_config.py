@@ -177,7 +177,9 @@ class RunConfig:
     called on the driver.
     ``name`` defaults to ``RingTrainer_<time>_<id>``; a ``name`` that already holds
     checkpoints resumes from its latest one. ``verbose=1`` prints each report of rank 0
-    on the driver as it arrives; ``verbose=0`` is silent.
+    on the driver as it arrives; ``verbose=0`` is silent. ``progress`` (with
+    ``verbose=1``): a live progress bar of rank 0's reports (step, loss, steps/s);
+    ``progress=False`` or ``RING_PROGRESS=0`` turns it off.
     """
 
     name: str | None = None
@@ -187,6 +189,7 @@ class RunConfig:
     verbose: int = 1
     storage_filesystem: Any = None
     callbacks: list | None = None
+    progress: bool = True
 
     def __post_init__(self) -> None:
         if self.name is not None and (
@@ -221,3 +224,5 @@ class RunConfig:
                 )
         if self.verbose not in (0, 1):
             raise ValueError(f"RunConfig.verbose must be 0 or 1, got {self.verbose!r}")
+        if not isinstance(self.progress, bool):
+            raise ValueError(f"RunConfig.progress must be True or False, got {self.progress!r}")

@@ -33,10 +33,12 @@ from ._checkpoint import Checkpoint, CheckpointStore
 from ._config import RunConfig, ScalingConfig
 from ._errors import TrainingFailedError
 from ._executor import RayExecutor, check_cluster_gpus
+from ._progress import progress_callback
 from ._results import Reports
 from ._session import SessionSetup, run_loop
 from ._storage import check_writable
 from ._storage import resolve as resolve_storage
+from ._tbx_callback import bind_storage
 
 log = logging.getLogger("ringtrain.ray_runner")
 
@@ -186,8 +188,10 @@ class RingTrainer:
             cc.checkpoint_score_attribute,
             cc.checkpoint_score_order,
         )
-        callbacks = list(rc.callbacks or ())
-        reports = Reports(store, rc.verbose, callbacks, _on_report)
+        display = progress_callback(rc, "RingTrainer")  # None when off
+        callbacks = [*(rc.callbacks or ()), *([display] if display else [])]
+        bind_storage(callbacks, storage.filesystem)
+        reports = Reports(store, rc.verbose if display is None else 0, callbacks, _on_report)
         for callback in callbacks:
             callback.on_start(name=name, path=run_dir, config=self.train_loop_config)
         try:
