@@ -251,10 +251,8 @@ def _store_client() -> Any:
     """A client of the job's key-value store (rank 0's actor hosts it)."""
     import torch.distributed as dist
 
-    from ringcore._store_server import hosted_store
-
     port = int(os.environ[launch.STORE_PORT_ENV_VAR])
-    hosted = hosted_store(port)
+    hosted = launch.hosted_store(port)
     if hosted is not None:
         return hosted
     timeout = launch.get_float(const.REPORT_TIMEOUT_ENV_VAR, const.DEFAULT_REPORT_TIMEOUT_S)

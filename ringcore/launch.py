@@ -9,7 +9,7 @@ variables; this module is the contract between a launcher and ``ringcore.init()`
 - the job secret (:func:`new_secret`) and the HMAC helpers that authenticate what
   ranks send back to the launcher (:func:`mac`, :func:`verify`, :func:`answer`);
 - the key-value store server a launcher may host (:func:`start_store_server`,
-  :func:`stop_store_server`);
+  :func:`stop_store_server`, and :func:`hosted_store`: this process's own store);
 - the elastic driver (:class:`ElasticDriver`) that publishes the generations of an
   elastic job by one policy (:class:`ElasticPolicy`: min and max workers, reset limit,
   grace period, when to grow and when to give up); a launcher supplies only *who is
@@ -68,7 +68,7 @@ from ._iface import NICS_ENV_VARS, nic_names, nics_env
 from ._pickling import dumps_with_user_code
 from ._rendezvous import worker_env
 from ._state import backend_name, data_plane
-from ._store_server import start_store_server, stop_store_server
+from ._store_server import hosted_store, start_store_server, stop_store_server
 from ._topology import host_major_order
 from ._wire import bound_silence
 
@@ -117,6 +117,7 @@ __all__ = [
     "nic_names",
     "nics_env",
     "pin_gpu",
+    "hosted_store",
     "start_store_server",
     "stop_store_server",
     "verify",

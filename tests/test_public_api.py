@@ -123,6 +123,7 @@ PUBLIC = {
         "get_float",
         "get_int",
         "host_major_order",
+        "hosted_store",
         "job_secret",
         "mac",
         "new_secret",
