@@ -42,6 +42,7 @@ import torch
 import ringcore.torch as hvd
 
 from ._lightning import LogRecorder, check_reserved_trainer_args, overrides
+from ._lightning_progress import lightning_progress_callbacks
 from ._readers import ValidationShard
 from ._spec import writer
 from ._train_torch import (
@@ -422,6 +423,7 @@ def train_lightning(spec: LightningTrainSpec) -> list[dict[str, Any]] | None:
     recorder = LogRecorder()
     _mirror_log(module, recorder)
     callbacks = [*user_callbacks, _store_callback(pl, spec, recorder, history)]
+    callbacks += lightning_progress_callbacks(pl, spec, hvd.rank(), history)  # rank 0: progress, TB
     if spec.terminate_on_nan:
         callbacks.append(_nan_callback(pl))
     device = _device(spec)

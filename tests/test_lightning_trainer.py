@@ -34,7 +34,7 @@ import pytest
 import torch
 
 import spark_runner
-from estimators import Callback, RingEstimator, Store, demo
+from estimators import Callback, RingEstimator, Store, demo, read_tensorboard_scalars
 from estimators._lightning import LIGHTNING_PARAMS, lightning_values, refuse_lightning_params
 from estimators._params import ESTIMATOR_PARAMS
 from ringcore import WorkerError
@@ -384,6 +384,16 @@ def test_a_lightning_fit_gets_a_real_trainer_its_callbacks_logger_precision_and_
     history = fitted.getHistory()
     assert [e["epoch"] for e in history] == [1, 2]
     assert {"train_loss", "train_acc", "val_loss", "val_acc", "seconds"} <= set(history[-1])
+
+    # rank 0's live progress file and TensorBoard scalars, as the torch loop's
+    progress = store.read_json(store.get_logs_path("probe") + "/progress.json")
+    assert (progress["epoch"], progress["epochs"]) == (2, 2)
+    assert progress["step"] == progress["steps"] == per_epoch and progress["rows_per_s"] > 0
+    scalars = read_tensorboard_scalars(store, "probe")
+    assert [step for step, _ in scalars["step/loss"]] == list(range(1, 2 * per_epoch + 1))
+    for name in ("train_loss", "val_loss", "val_acc"):
+        assert [s for s, _ in scalars[f"epoch/{name}"]] == [1, 2], name
+        assert scalars[f"epoch/{name}"][-1][1] == pytest.approx(history[-1][name], rel=1e-5)
 
     # both ranks end with the same weights, the ones in the store's checkpoint and model
     ranks = [torch.load(f"{out}/weights-rank{r}.pt", weights_only=True) for r in (0, 1)]
