@@ -507,7 +507,11 @@ class Coordinator:
         cid = self._cache(key, req)
         if cid is None:
             return Entry(key[1], req.shape, None)
-        if cid in self.announced and req.shape == self.cache[cid].shape:
+        if (
+            cid in self.announced
+            and req.shape == self.cache[cid].shape
+            and req.kind not in CONTROL_KINDS  # every rank runs these before any look-up
+        ):
             return Entry(key[1], req.shape, cid, compact=True)
         self.announced.add(cid)  # every rank reads this batch before any later one
         return Entry(key[1], req.shape, cid)
