@@ -43,8 +43,6 @@ def _worker(n_block: int, rounds: int) -> dict:
     import torch.distributed as dist
 
     import ringcore.torch as hvd
-    from ringcore import _state
-
     hvd.init()
     torch.set_num_threads(1)
     x = torch.ones(1024)
@@ -86,9 +84,8 @@ def _worker(n_block: int, rounds: int) -> dict:
                 out[f"{peer}/{work}"].append(wall / per)
                 out[f"{peer}/{work}/cpu"].append(cpu / per)
     out["check"] = hvd.allreduce(torch.ones(4), name="cp.check", op=hvd.Sum).tolist()
-    engine = _state.current.engine
-    out["stats"] = dict(getattr(engine, "stats", {}))
     out["plane"] = common.data_plane()
+    out["stats"] = out["plane"]["engine"]
     hvd.shutdown()
     return out
 

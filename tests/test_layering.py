@@ -53,7 +53,11 @@ def test_package_never_imports_what_design_forbids(package):
 PACKAGES = ("ringcore", "spark_runner", "ray_runner", "estimators")
 CLIENTS = ("estimators", "spark_runner", "ray_runner", "notebooks", "bench", "tools")
 # (file, private name) pairs allowed, each with its reason; keep this list short
-EXCEPTIONS: set[tuple[str, str]] = set()
+EXCEPTIONS = {
+    # the --stages profiler times one op inside the engine's own methods: it wraps the
+    # backend the engine holds, which only the engine's state reaches
+    ("bench/control_path.py", "ringcore._state"),
+}
 
 
 def _private(dotted: str) -> bool:
