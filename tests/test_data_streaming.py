@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -175,17 +174,27 @@ def test_parquet_writer_spark_is_refused_before_any_job_where_hadoop_lacks_the_s
         FsspecStore(f"s3://{BUCKET}/x", s3, parquet_writer="nope")
 
 
+@pytest.mark.spark
 @pytest.mark.timeout(300)
-def test_bench_data_rss_quick_writes_its_table_and_json(tmp_path):
-    out = tmp_path / "data_rss.json"
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "bench", "data_rss.py"), "--quick", "--out", str(out)],
-        capture_output=True, text=True, timeout=280, cwd=ROOT,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads(out.read_text())
-    stores = {(r["store"], r["rows"]) for r in result["runs"]}
-    assert {s for s, _ in stores} == {"local", "s3"} and len({n for _, n in stores}) >= 2
-    assert all(r["peak_rss_mib"] > 0 and r["fit_s"] > 0 for r in result["runs"])
-    assert {t["name"] for t in result["targets"]} == {"rss_flat", "remote_wall_time"}
-    assert all(isinstance(t["met"], bool) and t["reason"] for t in result["targets"])
+def test_bench_data_rss_measures_both_stores_and_writes_its_table_and_json(spark, s3, tmp_path):
+    """bench/data_rss.py's method on this module's session and S3 server (no second
+    Spark start): tiny sizes, the 5 rounds every benchmark keeps."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        import data_rss
+    finally:
+        sys.path.remove(os.path.join(ROOT, "bench"))
+    session, _ = spark
+    sizes, env = [2_000, 4_000], data_rss._common.environment()
+    runs = data_rss.measure(session, s3, sizes, rounds=5, batch_size=128)
+    body = data_rss.report(tmp_path, env, runs, sizes, 5, quick=True)
+    written = json.loads((tmp_path / "data_rss.json").read_text())
+    assert written["benchmark"] == "data_rss" and written["targets"] == body["targets"]
+    assert {(r["store"], r["rows"]) for r in written["runs"] if r["cold"]} == {
+        (s, n) for s in ("local", "s3") for n in sizes
+    }
+    assert sum(not r["cold"] for r in written["runs"]) == 10  # 5 rounds x 2 stores
+    assert all(r["peak_rss_mib"] > 0 and r["fit_s"] > 0 for r in written["runs"])
+    assert [t["target"] for t in written["targets"]] == ["rss_flat", "remote_wall_time"]
+    assert all(isinstance(t["met"], bool) for t in written["targets"])
+    assert written["checks_passed"], written["checks"]
