@@ -12,7 +12,7 @@ S35_VENV := .venv-spark35
 S35_PY := $(S35_VENV)/bin/python
 S35_STAMP := $(S35_VENV)/.installed
 S35_PYSPARK := 3.5.0
-EXTRAS := spark,petastorm,ray,tensorflow,lightning,mlflow,mpi,notebooks,dev
+EXTRAS := spark,petastorm,ray,tensorflow,lightning,mlflow,tensorboard,s3,mpi,notebooks,dev,s3-server
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 .PHONY: demo test test-current test-spark35 test-spark41 test-spark35-newest soak bench lint install clean reliability conformance cluster-up cluster-down
@@ -107,7 +107,7 @@ test-spark35-newest: $(S35_STAMP) build/pyspark-$(S35_NEWEST_PYSPARK)/.installed
 # not quoted in the docs). About 30 min on an idle 2-core machine; run it on a quiet
 # one. BENCH_ARGS=--quick: small sizes, for a smoke run (about 15 min: the Spark and Ray
 # peers' start-up is the floor). A failing script stops the run.
-BENCH_SCRIPTS := collectives training keras spark_launch estimator ray_trainer shm control_path
+BENCH_SCRIPTS := collectives training keras spark_launch estimator ray_trainer shm control_path data_rss
 BENCH_ARGS ?=
 bench: $(STAMP)
 	set -e; for s in $(BENCH_SCRIPTS); do echo "== bench/$$s.py $(BENCH_ARGS)"; \
