@@ -13,7 +13,7 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import spark_runner
-from estimators import RingEstimator, RingModel, Store, demo
+from estimators import RingEstimator, RingModel, Store, demo, read_tensorboard_scalars
 
 EPOCHS = 4
 
@@ -116,6 +116,12 @@ def test_keras_estimator_learns_the_digits_on_two_ranks(fitted):
     with open(str(store.prefix_path) + "/epochs.csv") as f:  # the user's Keras callback ran
         header = f.readline()  # (both ranks write this file; its header is the same)
     assert header.startswith("epoch,") and "val_accuracy" in header
+    # rank 0's Keras progress callback: the progress file and the TensorBoard scalars
+    progress = store.read_json(store.get_logs_path("keras-digits") + "/progress.json")
+    assert (progress["epoch"], progress["step"]) == (EPOCHS, progress["steps"])
+    scalars = read_tensorboard_scalars(store, "keras-digits")
+    assert len(scalars["step/loss"]) == EPOCHS * progress["steps"]
+    assert [step for step, _ in scalars["epoch/val_accuracy"]] == list(range(1, EPOCHS + 1))
 
 
 @pytest.mark.spark
