@@ -271,6 +271,8 @@ class CheckpointStore:
         final = self._record(index)
         import pyarrow.fs as pafs
 
+        from ._storage import fsync_tree_entry
+
         if isinstance(self.filesystem, pafs.LocalFileSystem):  # write + rename: whole or absent
             tmp = final + ".tmp"
             with open(tmp, "w") as fh:
@@ -278,6 +280,7 @@ class CheckpointStore:
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, final)
+            fsync_tree_entry(os.path.dirname(final))  # the rename itself survives a crash
         else:  # an object store's PUT is atomic
             with self.filesystem.open_output_stream(final) as out:
                 out.write(record.encode())

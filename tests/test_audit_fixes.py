@@ -452,7 +452,7 @@ def test_an_empty_checkpoint_after_a_crash_resumes_from_the_previous_one_not_ref
     fault="a host crash leaving the newest checkpoint empty, truncated or corrupt",
     category="fault",
 )
-def test_a_ray_checkpoint_is_fsynced_before_its_rename_and_killed_copies_are_removed(
+def test_a_ray_checkpoint_is_fsynced_before_its_commit_and_killed_copies_are_removed(
     tmp_path, monkeypatch
 ):
     from ray_runner import Checkpoint
@@ -463,16 +463,23 @@ def test_a_ray_checkpoint_is_fsynced_before_its_rename_and_killed_copies_are_rem
     (source / "model.pt").write_bytes(b"weights")
     (source / "sub" / "opt.pt").write_bytes(b"state")
     run = tmp_path / "run"
-    killed = run / ".tmp_checkpoint_000000_0badf00d"  # a copy SIGKILLed half-way
+    killed = run / "checkpoint_000000"  # an upload SIGKILLed half-way: no commit record
     killed.mkdir(parents=True)
     (killed / "model.pt").write_bytes(b"")
+    store = CheckpointStore(str(run), num_to_keep=1)
+    assert store.latest() is None  # never resumed from
+    store.remove_uncommitted()  # what the driver does before the next attempt
+    assert not killed.exists()
     spy = _FsyncSpy(monkeypatch)
-    got = CheckpointStore(str(run), num_to_keep=1).persist(Checkpoint.from_directory(source))
-    rename = spy.index("move", str(run / ".tmp_checkpoint_"))
-    assert spy.index("fsync", "/model.pt") < rename and spy.index("fsync", "/sub/opt.pt") < rename
-    assert max(i for i, (k, w) in enumerate(spy.events) if k == "fsync" and w == str(run)) > rename
-    assert sorted(os.listdir(run)) == [os.path.basename(got.path)]  # the killed copy is gone
+    got = store.persist(Checkpoint.from_directory(source))
+    records = str(run / ".ringtrain")
+    commit = spy.index("move", f"{records}/checkpoint_")  # the record: write, fsync, rename
+    assert spy.index("fsync", "/model.pt") < commit and spy.index("fsync", "/sub/opt.pt") < commit
+    assert spy.index("fsync", f"{records}/checkpoint_") < commit
+    assert max(i for i, (k, w) in enumerate(spy.events) if k == "fsync" and w == records) > commit
+    assert sorted(os.listdir(run)) == [".ringtrain", os.path.basename(got.path)]
     assert (run / os.path.basename(got.path) / "sub" / "opt.pt").read_bytes() == b"state"
+    assert store.latest() is not None and store.latest().path == got.path
 
 
 # --- 4. a run_id set under CrossValidator -----------------------------------------------------
