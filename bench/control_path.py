@@ -43,6 +43,7 @@ def _worker(n_block: int, rounds: int) -> dict:
     import torch.distributed as dist
 
     import ringcore.torch as hvd
+
     hvd.init()
     torch.set_num_threads(1)
     x = torch.ones(1024)

@@ -129,7 +129,9 @@ def log_model_to_mlflow(framework: str, model: Any) -> str | None:
 
 
 def _log_model(framework: str, model: Any) -> str:
-    if framework == "keras":
+    from ._frameworks import is_keras_model
+
+    if is_keras_model(model):  # the flavour follows the model (not the framework's name)
         import mlflow.keras
 
         info = mlflow.keras.log_model(model, name=MODEL_ARTIFACT)

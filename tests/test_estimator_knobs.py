@@ -294,7 +294,6 @@ def test_an_unfitted_estimator_in_a_pipeline_saves_and_loads(spark, tmp_path):
         est.copy({est.callbacks: [Locked()]}).write().save(str(tmp_path / "bad"))
 
 
-
 def test_the_migration_guide_lists_every_estimator_param_with_its_counterparts():
     from estimators._params import ESTIMATOR_PARAMS
 
