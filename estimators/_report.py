@@ -94,7 +94,8 @@ class HistoryPrinter:
         if isinstance(progress, dict) and progress != self._seen_progress:
             self._seen_progress = None  # from now on every change is this fit's
             with self._lock:
-                self.display.update(progress)
+                if self.display is not None:
+                    self.display.update(progress)
 
     def _poll(self) -> None:
         while not self._stop.wait(_POLL_S):

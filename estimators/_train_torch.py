@@ -314,7 +314,8 @@ def _loss(loss_fn: Any, output: torch.Tensor, target: torch.Tensor, weight: Any)
 def _total_loss(task: _Task, outputs: list, targets: list, weight: Any) -> torch.Tensor:
     """``sum(loss_weights[i] * loss_i)`` over the label columns."""
     parts = zip(task.losses, task.weights, outputs, targets, strict=True)
-    return sum(w * _loss(fn, o, t, weight) for fn, w, o, t in parts)
+    total: torch.Tensor = sum(w * _loss(fn, o, t, weight) for fn, w, o, t in parts)  # type: ignore[assignment]
+    return total
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -397,11 +398,11 @@ def _optimizer_step(task: _Task) -> None:
     opt, scaler = task.optimizer, task.scaler
     task.last_lr = float(opt.param_groups[0]["lr"])
     if task.knobs.gradient_clip_val is not None:
-        opt.synchronize()
+        opt.synchronize()  # type: ignore[attr-defined]  # ringcore's DistributedOptimizer
         if scaler is not None:
             scaler.unscale_(opt)
         _clip(task)
-        with opt.skip_synchronize():
+        with opt.skip_synchronize():  # type: ignore[attr-defined]
             scaler.step(opt) if scaler is not None else opt.step()
     elif scaler is not None:
         scaler.step(opt)

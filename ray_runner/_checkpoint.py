@@ -110,7 +110,7 @@ class Committed:
 
 def local_files(path: str) -> list[str]:
     """The files under a local directory, as sorted paths relative to it (``/``-separated)."""
-    out = []
+    out: list[str] = []
     for folder, _, files in os.walk(path):
         rel = os.path.relpath(folder, path)
         out.extend(f if rel == "." else posixpath.join(rel.replace(os.sep, "/"), f) for f in files)

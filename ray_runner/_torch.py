@@ -89,7 +89,7 @@ def prepare_data_loader(data_loader: Any, move_to_device: bool = True) -> Any:
             "prepare_data_loader needs a DataLoader built with batch_size=... (got a "
             "batch_sampler); build it with batch_size and shuffle instead"
         )
-    sampler = DistributedSampler(
+    sampler: DistributedSampler[Any] = DistributedSampler(
         data_loader.dataset,
         num_replicas=hvd.size(),
         rank=hvd.rank(),

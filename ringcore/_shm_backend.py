@@ -208,6 +208,7 @@ def join(inner: Any, store: Any, prefix: str, topo: Topology, timeout_s: float) 
         if group is not None:
             group.close()
         return inner
+    assert group is not None  # every rank agreed it holds one
     return ShmBackend(inner, group, the_plan, cross)
 
 
