@@ -376,8 +376,8 @@ def _plane_text(planes: list[dict[str, Any]], shm_env: str | None) -> str:
     """What carried ours' bytes, for the reasons of missed targets."""
     if any(p["shm"] for p in planes):
         return (
-            f"ours ran on {planes[0]['backend_class']} with a shared-memory group "
-            f"({planes[0]['shm']}; RING_SHM={shm_env!r})"
+            f"ours ran on the shared-memory plane ({planes[0]['mode']}, ops per path "
+            f"{planes[0]['ops']}; RING_SHM={shm_env!r})"
         )
     return (
         f"ours held no shared-memory group (RING_SHM={shm_env!r}; backend "
