@@ -102,7 +102,9 @@ def _partition_writer(url: str, options: dict[str, Any], row_group_bytes: int) -
         from pyspark import TaskContext
 
         fs, root = fsspec.core.url_to_fs(url, **options)
-        name = posixpath.join(root, f"part-{TaskContext.get().partitionId():05d}.parquet")
+        context = TaskContext.get()
+        partition = context.partitionId() if context is not None else 0
+        name = posixpath.join(root, f"part-{partition:05d}.parquet")
         rows, pending, pending_bytes = 0, [], 0
         stream = writer = None
         try:

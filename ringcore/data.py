@@ -218,7 +218,7 @@ def _petastorm_filesystem(url: str, storage_options: Options) -> Any:
     import fsspec.core
     from pyarrow.filesystem import DaskFileSystem
 
-    class _Legacy(DaskFileSystem):  # type: ignore[misc]
+    class _Legacy(DaskFileSystem):
         def isdir(self, path: str) -> bool:
             return bool(self.fs.isdir(path))
 
