@@ -244,3 +244,32 @@ def test_a_fit_through_an_fsspec_file_url_store_trains_and_checkpoints(spark, tm
     assert [e["epoch"] for e in fitted.getHistory()] == [1, 2]
     assert os.path.isfile(tmp_path / "runs" / "fsspec" / "checkpoint" / "checkpoint.pt")
     assert store.read_json(store.get_history_path("fsspec")) == fitted.getHistory()
+
+
+def test_workers_read_a_remote_store_in_place_unless_it_asks_for_a_local_copy(tmp_path):
+    from estimators._readers import data_paths
+
+    data = tmp_path / "store" / "intermediate_train_data.0"
+    data.mkdir(parents=True)
+    pq.write_table(pa.table({"x": [1.0, 2.0]}), str(data / "part-0.parquet"))
+    url = "file://" + str(data)
+    in_place = FsspecStore("file://" + str(tmp_path / "store"))
+    assert in_place.reads_in_place() and in_place.read_options() == {}
+    with data_paths(in_place, url, None) as (train, val):
+        assert (train, val) == (url, None)  # the store's own path: nothing copied
+    copying = Store.create("s3://bucket/prefix", {"anon": True}, local_copy=True)
+    assert isinstance(copying, FsspecStore) and not copying.reads_in_place()
+    copying = FsspecStore("file://" + str(tmp_path / "store"), local_copy=True)
+    with data_paths(copying, url, None) as (train, _):
+        assert train != url and os.listdir(train) == ["part-0.parquet"]
+    assert not os.path.exists(train)  # the copy is removed afterwards
+    assert LocalStore(str(tmp_path)).reads_in_place()
+
+
+def test_copy_and_writer_options_of_a_path_store_are_refused_naming_them(tmp_path):
+    with pytest.raises(ValueError, match=r"local_copy=True.*for a remote fsspec URL"):
+        Store.create(str(tmp_path), local_copy=True)
+    with pytest.raises(ValueError, match="parquet_writer='arrow'"):
+        Store.create("file://" + str(tmp_path), parquet_writer="arrow")
+    with pytest.raises(ValueError, match="local_copy must be True or False"):
+        FsspecStore("s3://bucket/p", local_copy="yes")
