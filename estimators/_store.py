@@ -2,7 +2,7 @@
 
 Layout under the prefix (as Horovod's)::
 
-    <prefix>/intermediate_train_data.<i>/          Parquet, one file (one row group) per process
+    <prefix>/intermediate_train_data.<i>/          Parquet, one file per process (row groups ~32 MiB)
     <prefix>/intermediate_val_data.<i>/
     <prefix>/.intermediate_data_claim.<i>          the marker by which one fit owns index <i>
     <prefix>/runs/<run_id>/checkpoint/checkpoint.pt  model + optimizer state, epoch, history
