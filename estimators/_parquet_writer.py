@@ -18,8 +18,10 @@ The choice (:func:`pick_writer`), made before any job:
 - ``"auto"``: Spark where Hadoop has the scheme and the store has no
   ``storage_options`` (which Spark could not honour), else arrow, logged with why.
 
-Both write row groups of about :data:`ROW_GROUP_BYTES`, so a worker streaming its
-shard holds one row group at a time however large the dataset grows.
+Both write row groups of at most :data:`ROW_GROUP_ROWS` rows and about
+:data:`ROW_GROUP_BYTES`, so a worker streaming its shard holds one row group at a time
+however large the dataset grows (the rows cap counts as much as the bytes: petastorm
+turns an array column into one numpy object per row).
 """
 
 from __future__ import annotations
@@ -31,12 +33,14 @@ from typing import Any
 
 from ._store import FsspecStore, Store
 
-__all__ = ["ROW_GROUP_BYTES", "pick_writer", "write_parquet"]
+__all__ = ["ROW_GROUP_BYTES", "ROW_GROUP_ROWS", "pick_writer", "spark_block_size", "write_parquet"]
 
 log = logging.getLogger("ringtrain.estimators")
 
 #: the target size of one row group, in bytes of Arrow data before encoding
 ROW_GROUP_BYTES = 32 * 1024 * 1024
+#: the most rows in one row group
+ROW_GROUP_ROWS = 65_536
 
 
 def _hadoop_problem(spark: Any, scheme: str) -> str | None:
@@ -90,7 +94,9 @@ def pick_writer(spark: Any, store: Store) -> str:
     return "spark"
 
 
-def _partition_writer(url: str, options: dict[str, Any], row_group_bytes: int) -> Any:
+def _partition_writer(
+    url: str, options: dict[str, Any], row_group_bytes: int, row_group_rows: int
+) -> Any:
     """The function ``mapInArrow`` runs on each partition: its batches into one Parquet
     file ``part-<partition>.parquet`` under ``url`` (a retried task overwrites its
     partition's file), one row of ``(file, rows)`` out."""
@@ -105,7 +111,7 @@ def _partition_writer(url: str, options: dict[str, Any], row_group_bytes: int) -
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
         name = posixpath.join(root, f"part-{partition:05d}.parquet")
-        rows, pending, pending_bytes = 0, [], 0
+        rows, pending, pending_bytes, pending_rows = 0, [], 0, 0
         stream = writer = None
         try:
             for batch in batches:
@@ -117,13 +123,14 @@ def _partition_writer(url: str, options: dict[str, Any], row_group_bytes: int) -
                     writer = pq.ParquetWriter(stream, batch.schema)
                 pending.append(batch)
                 pending_bytes += batch.nbytes
-                if pending_bytes >= row_group_bytes:
+                pending_rows += batch.num_rows
+                if pending_bytes >= row_group_bytes or pending_rows >= row_group_rows:
                     table = pa.Table.from_batches(pending)
-                    writer.write_table(table, row_group_size=table.num_rows)
-                    rows, pending, pending_bytes = rows + table.num_rows, [], 0
+                    writer.write_table(table, row_group_size=row_group_rows)
+                    rows, pending, pending_bytes, pending_rows = rows + table.num_rows, [], 0, 0
             if pending and writer is not None:
                 table = pa.Table.from_batches(pending)
-                writer.write_table(table, row_group_size=table.num_rows)
+                writer.write_table(table, row_group_size=row_group_rows)
                 rows += table.num_rows
         finally:
             if writer is not None:
@@ -138,21 +145,40 @@ def _partition_writer(url: str, options: dict[str, Any], row_group_bytes: int) -
     return write
 
 
-def write_parquet(frame: Any, store: Store, path: str, num_proc: int, writer: str) -> None:
+def spark_block_size(row_bytes: float | None) -> int:
+    """Spark's ``parquet.block.size`` for row groups of about :data:`ROW_GROUP_ROWS`
+    rows of ``row_bytes`` each (parquet-mr has no row cap): 1 MiB to ROW_GROUP_BYTES."""
+    if not row_bytes:
+        return ROW_GROUP_BYTES
+    return int(min(ROW_GROUP_BYTES, max(1024 * 1024, ROW_GROUP_ROWS * row_bytes)))
+
+
+def write_parquet(
+    frame: Any,
+    store: Store,
+    path: str,
+    num_proc: int,
+    writer: str,
+    row_bytes: float | None = None,
+) -> None:
     """``frame`` as ``num_proc`` Parquet files (round-robin rows: equal to within a few)
     at ``path`` in ``store``, by ``writer`` (from :func:`pick_writer`); an existing
-    ``path`` is an error, as Spark's ``mode("error")``."""
+    ``path`` is an error, as Spark's ``mode("error")``. ``row_bytes`` (a row's size
+    in memory, from the first rows) sizes Spark's row groups."""
     frame = frame.repartition(num_proc)
     if writer == "spark":
         # "error" (= "errorifexists"): the one spelling a Spark Connect client accepts
-        frame.write.mode("error").option("parquet.block.size", ROW_GROUP_BYTES).parquet(
-            store.url(path)
+        (
+            frame.write.mode("error")
+            .option("parquet.block.size", spark_block_size(row_bytes))
+            .parquet(store.url(path))
         )
         return
     assert isinstance(store, FsspecStore)
     if store.exists(path):
         raise ValueError(f"the Parquet data path {path} exists already; it is not overwritten")
-    write = _partition_writer(path, dict(store.storage_options), ROW_GROUP_BYTES)
+    options = dict(store.storage_options)
+    write = _partition_writer(path, options, ROW_GROUP_BYTES, ROW_GROUP_ROWS)
     written = frame.mapInArrow(write, "file string, rows long").collect()
     log.info("the executors wrote %d rows in %d files to %s", sum(r.rows for r in written),
              sum(1 for r in written if r.file), path)  # fmt: skip

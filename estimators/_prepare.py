@@ -225,6 +225,14 @@ def _first_rows(cfg: FitConfig, path: str) -> dict[str, Any]:
     return to_numpy_columns(cfg.store.parquet_dataset(path).head(2, columns=columns), columns)
 
 
+def _row_bytes(batch: dict[str, Any] | None) -> float | None:
+    """A row's size in memory, from the first rows ``check_data`` returned (None: unknown)."""
+    if not batch:
+        return None
+    rows = max(len(next(iter(batch.values()))), 1)
+    return sum(getattr(v, "nbytes", 0) for v in batch.values()) / rows
+
+
 def prepare_data(df: DataFrame, cfg: FitConfig) -> PreparedData:
     """Check the data (one job, and a first batch through the model), select and flatten
     the columns, split off validation, write Parquet under the Store (or reuse what an
@@ -239,14 +247,15 @@ def prepare_data(df: DataFrame, cfg: FitConfig) -> PreparedData:
     batch = check_data(df, cfg)  # one job (rows, nulls, NaNs, two rows); writes nothing
     if batch is not None:
         framework.check_first_batch(cfg, batch)  # through the model and the loss
+    row_bytes = _row_bytes(batch)
     train_df, val_df = _split(df, cfg)
     idx = cfg.store.next_data_index()
     train_path = cfg.store.get_train_data_path(idx)
     val_path = cfg.store.get_val_data_path(idx) if val_df is not None else None
     try:
-        write_parquet(train_df, cfg.store, train_path, cfg.num_proc, writer)
+        write_parquet(train_df, cfg.store, train_path, cfg.num_proc, writer, row_bytes)
         if val_df is not None and val_path is not None:
-            write_parquet(val_df, cfg.store, val_path, cfg.num_proc, writer)
+            write_parquet(val_df, cfg.store, val_path, cfg.num_proc, writer, row_bytes)
         data = describe_parquet(cfg, train_path, val_path)
     except BaseException:
         cfg.store.release_data_index(idx)  # this fit's claimed index only, never another's
