@@ -191,9 +191,14 @@ def _ring_facts() -> dict:
         eng_backend = ringcore._runtime.engine().backend
         x = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
         many = hvd.grouped_allreduce([torch.ones(3) * hvd.rank(), torch.ones(2)], op=hvd.Sum)
+        layers, layer = [], eng_backend  # outermost first: shm (CPU), then the network's
+        while layer is not None:
+            layers.append(layer)
+            layer = getattr(layer, "inner", None)
         return {
             "name": ringcore._runtime.backend_name(),
-            "staged": isinstance(eng_backend, HostStaged),
+            "staged": any(isinstance(b, HostStaged) for b in layers),
+            "layers": [type(b).__name__ for b in layers],
             "sum": x.item(),
             "grouped": [t.tolist() for t in many],
         }
@@ -207,6 +212,8 @@ def test_cpu_ring_without_cuda_is_gloo_with_cuda_staged_through_host():
     for f in facts:
         assert f["name"] == "gloo"
         assert f["staged"] is True  # CUDA tensors, if any, would go via host memory
+        # CPU tensors of 2 ranks on one host: the shared-memory plane over that
+        assert f["layers"] == ["ShmBackend", "HostStaged", "TorchDistBackend"], f
         assert f["sum"] == 3.0
         assert f["grouped"] == [[1.0, 1.0, 1.0], [2.0, 2.0]]
 
