@@ -84,6 +84,10 @@ class StepReporter:
     def close(self) -> None:
         self._tb.close()
 
+    def abort(self) -> None:
+        """The fit failed: release the event writer and its temporary folder."""
+        self._tb.abort()
+
     def _write(self, step: int, loss: Any, now: float) -> None:
         elapsed = max(now - self._started, 1e-9)
         value = {
@@ -115,6 +119,16 @@ class _TorchProgress(Callback):
 
     def on_train_end(self, logs: dict[str, Any]) -> None:
         self._reporter.close()
+
+    def abort(self) -> None:
+        self._reporter.abort()
+
+
+def abort_progress(callbacks: Any) -> None:
+    """After a failed torch loop: release rank 0's reporter (its temp folder) at once."""
+    for callback in getattr(callbacks, "callbacks", []):
+        if isinstance(callback, _TorchProgress):
+            callback.abort()
 
 
 def torch_progress_callbacks(spec: Any, rank: int) -> list[Any]:

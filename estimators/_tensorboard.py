@@ -20,6 +20,7 @@ import posixpath
 import shutil
 import struct
 import tempfile
+import weakref
 from typing import Any
 
 __all__ = ["EVENT_GLOB", "ScalarWriter", "read_scalars", "read_tensorboard_scalars"]
@@ -44,6 +45,8 @@ class ScalarWriter:
             os.makedirs(folder, exist_ok=True)
         else:
             folder = self._tmp = tempfile.mkdtemp(prefix="ringtrain-tb-")
+            # removed however the fit ends (close() is not reached when training raises)
+            self._cleanup = weakref.finalize(self, shutil.rmtree, folder, True)
         self._writer = SummaryWriter(logdir=folder, flush_secs=30)
 
     @property
@@ -78,11 +81,24 @@ class ScalarWriter:
     def close(self) -> None:
         if self._writer is None:
             return
-        self.flush()
-        self._writer.close()
-        self._writer = None
-        if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+        try:
+            self.flush()
+        finally:
+            self._writer.close()
+            self._writer = None
+            if self._tmp is not None:
+                shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def abort(self) -> None:
+        """Drop the writer without uploading (the fit failed: the store may be the cause)."""
+        if self._writer is None:
+            return
+        try:
+            self._writer.close()
+        finally:
+            self._writer = None
+            if self._tmp is not None:
+                shutil.rmtree(self._tmp, ignore_errors=True)
 
 
 def _records(data: bytes):

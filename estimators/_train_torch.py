@@ -33,7 +33,7 @@ from ._callbacks import CallbackList
 from ._knobs import TrainingKnobs, best_and_wait, build_scheduler, is_plateau
 from ._lightning import LogRecorder
 from ._metrics import resolve_metrics
-from ._progress import torch_progress_callbacks
+from ._progress import abort_progress, torch_progress_callbacks
 from ._readers import ValidationShard, data_paths, open_training, read_whole_shard
 from ._spec import DataSpec, writer
 
@@ -646,25 +646,29 @@ def _run_epochs(
 ) -> None:
     task.callbacks.call("set_context", task.model, task.optimizer, hvd.rank(), hvd.size())
     task.callbacks.call("on_train_begin", {"start_epoch": start_epoch})
-    for epoch in range(start_epoch, spec.epochs):
-        started = time.monotonic()
-        torch.manual_seed(_epoch_seed(spec, epoch, hvd.rank()))
-        task.callbacks.call("on_epoch_begin", epoch, {})
-        if cached is not None:
-            batches = _memory_batches(spec, cached, epoch)
-        else:
-            batches = _epoch_batches(spec, train_path, epoch)
-        try:
-            train_totals = _train_epoch(task, spec, batches)
-        finally:
-            batches.close()  # stops the epoch's reader (petastorm's threads)
-        entry = _epoch_entry(task, spec, epoch, train_totals, _evaluate(task, spec, val_data))
-        entry["seconds"] = round(time.monotonic() - started, 3)
-        history.append(entry)
-        stop = _after_epoch(task, entry, history)
-        if hvd.rank() == 0:
-            _save_checkpoint(task, spec, epoch, history)
-        task.callbacks.call("on_epoch_end", epoch, dict(entry))
-        if stop:
-            break
+    try:
+        for epoch in range(start_epoch, spec.epochs):
+            started = time.monotonic()
+            torch.manual_seed(_epoch_seed(spec, epoch, hvd.rank()))
+            task.callbacks.call("on_epoch_begin", epoch, {})
+            if cached is not None:
+                batches = _memory_batches(spec, cached, epoch)
+            else:
+                batches = _epoch_batches(spec, train_path, epoch)
+            try:
+                train_totals = _train_epoch(task, spec, batches)
+            finally:
+                batches.close()  # stops the epoch's reader (petastorm's threads)
+            entry = _epoch_entry(task, spec, epoch, train_totals, _evaluate(task, spec, val_data))
+            entry["seconds"] = round(time.monotonic() - started, 3)
+            history.append(entry)
+            stop = _after_epoch(task, entry, history)
+            if hvd.rank() == 0:
+                _save_checkpoint(task, spec, epoch, history)
+            task.callbacks.call("on_epoch_end", epoch, dict(entry))
+            if stop:
+                break
+    except BaseException:
+        abort_progress(task.callbacks)  # rank 0's event files' temp folder goes now
+        raise
     task.callbacks.call("on_train_end", {"history": list(history)})
