@@ -229,8 +229,10 @@ def test_ring_trainer_fit_over_ray_client_keeps_checkpoints_and_resumes_after_a_
     assert result.checkpoint is not None
     assert result.checkpoint.path == str(tmp_path / "client" / "checkpoint_000002")
     assert (tmp_path / "client" / "checkpoint_000002" / "it").read_text() == "2"
-    # num_to_keep=2, and the driver's visibility marker is gone again
+    # num_to_keep=2, and the driver's visibility marker is gone again (.ringtrain: the
+    # checkpoints' commit records)
     assert sorted(p.name for p in (tmp_path / "client").iterdir()) == [
+        ".ringtrain",
         "checkpoint_000001",
         "checkpoint_000002",
     ]
