@@ -155,7 +155,8 @@ def test_rank_0_hung_fails_every_other_rank_after_the_timeouts_naming_rank_0(
     """A stopped rank 0 closes nothing and its coordinator stops answering. Between
     collectives the others wait for the coordinator: its heartbeat stops, and they fail
     after RING_CONTROL_TIMEOUT_SECONDS. Inside one they wait in Gloo first: after the
-    Gloo timeout they ask the coordinator what happened, and it stays silent as long."""
+    data plane's timeout (Gloo's, or the shared-memory plane's for ranks on one host) they
+    ask the coordinator what happened, and it stays silent as long."""
     limit = 5.0
     env = {
         "RING_GLOO_TIMEOUT_SECONDS": str(limit),
@@ -178,8 +179,9 @@ def test_rank_0_hung_fails_every_other_rank_after_the_timeouts_naming_rank_0(
         assert kind == "RingInternalError", message
         assert "rank 0" in message and "rank 0 hangs" in message, message
         assert "RING_CONTROL_TIMEOUT_SECONDS" in message, message
-        if where == WHERE[1]:
-            assert "Timed out" in message, message  # and the Gloo timeout came first
+        if where == WHERE[1]:  # the data plane's own timeout (Gloo's "Timed out", the
+            # shared-memory plane's "timed out") or rank 0's silence: the same limit, a race
+            assert "timed out" in message.lower() or "has sent nothing" in message, message
         # not before the limit (nothing else can tell a stopped process), not long after
         assert limit - 1 <= elapsed < expected + 20, f"after {elapsed:.1f} s: {message}"
         detect.append(elapsed)
