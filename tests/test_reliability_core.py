@@ -113,8 +113,8 @@ def _hung_inside_allreduce_worker(tmp: str):
 def test_a_hung_rank_fails_the_others_after_the_gloo_timeout_or_the_stall_shutdown(
     tmp_path, request
 ):
-    """A stopped rank closes nothing, so only timeouts can tell: inside a Gloo op the
-    Gloo timeout; stopped between two ops (the others wait for its request) only the
+    """A stopped rank closes nothing, so only timeouts can tell: inside an op the data
+    plane's timeout (Gloo's, which the shared-memory plane of one host reuses); stopped between two ops (the others wait for its request) only the
     stall shutdown, which is off by default."""
     limit = 4.0
     env = {
@@ -134,8 +134,10 @@ def test_a_hung_rank_fails_the_others_after_the_gloo_timeout_or_the_stall_shutdo
     detect, caught_by = [], set()
     for kind, message, elapsed in res[:2]:
         assert kind == "RingInternalError", message
-        assert "Timed out" in message or "stalled" in message, message
-        caught_by.add("Gloo timeout" if "Timed out" in message else "stall shutdown")
+        # the data plane's timeout (Gloo's "Timed out", or the shared-memory plane's "timed
+        # out" for ranks on one host) or the stall shutdown: the same limit, a race
+        assert "timed out" in message.lower() or "stalled" in message, message
+        caught_by.add("data-plane timeout" if "timed out" in message.lower() else "stall shutdown")
         # not before the limit (nothing else notices a silent peer), not long after it
         assert limit - 1 <= elapsed < limit + 15, f"after {elapsed:.1f} s"
         detect.append(elapsed)
