@@ -1,6 +1,7 @@
 """Helpers for test fixtures that start a server process of their own (a Spark
 standalone master, a Spark Connect server, a ``ray start --head``) on 127.0.0.1, and
-``moto_s3_server()``: a real S3 API (moto's server mode) on 127.0.0.1."""
+``moto_s3_server()``: a real S3 API (moto's server mode) on 127.0.0.1, and ``local_ray()``:
+one in-process Ray instance on 127.0.0.1 for a test module."""
 
 from __future__ import annotations
 
@@ -9,6 +10,27 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+
+
+@contextlib.contextmanager
+def local_ray(module_name: str, num_cpus: int = 2) -> Iterator[None]:
+    """A local Ray instance with ``num_cpus`` CPUs on 127.0.0.1 (or the one already
+    running, left running), with the test module ``module_name`` shipped to the actors
+    by value (they cannot import it); shut down on exit, even after a failure."""
+    import sys
+
+    import ray
+
+    owns = not ray.is_initialized()
+    if owns:
+        ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1", include_dashboard=False)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[module_name])
+    try:
+        yield
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(sys.modules[module_name])
+        if owns:
+            ray.shutdown()
 
 
 def free_port() -> int:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
+from _servers import local_ray
 
 ray = pytest.importorskip("ray")
 
@@ -28,16 +28,8 @@ from ringcore import RingError, WorkerError  # noqa: E402
 @pytest.fixture(scope="module")
 def ray_cluster():
     """One local Ray instance with 2 CPUs for the module; always shut down."""
-    owns = not ray.is_initialized()
-    if owns:
-        ray.init(num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False)
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    try:
+    with local_ray(__name__):  # the worker functions here travel by value
         yield
-    finally:
-        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-        if owns:
-            ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ import tempfile
 
 import pytest
 from _reliability import record
+from _servers import local_ray
 
 import ringcore
 from ringcore import WorkerError
@@ -42,18 +43,8 @@ from ray_runner._checkpoint import CheckpointStore  # noqa: E402
 @pytest.fixture(scope="module")
 def ray_cluster():
     """One local Ray instance with 2 CPUs for the module; always shut down."""
-    owns = not ray.is_initialized()
-    if owns:
-        ray.init(num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False)
-    # The worker functions below live in this test module, which the actors cannot
-    # import: ship them by value.
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    try:
+    with local_ray(__name__):  # the worker functions here travel by value
         yield
-    finally:
-        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-        if owns:
-            ray.shutdown()
 
 
 def _live_placement_groups() -> set[str]:

@@ -10,11 +10,10 @@ ported by changing its imports only.
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 
 import pytest
-from _servers import moto_s3_server
+from _servers import local_ray, moto_s3_server
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("moto")
@@ -62,16 +61,8 @@ def s3():
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    owns = not ray.is_initialized()
-    if owns:
-        ray.init(num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False)
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    try:
+    with local_ray(__name__):  # the worker functions here travel by value
         yield
-    finally:
-        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-        if owns:
-            ray.shutdown()
 
 
 class _Recorder(Callback):

@@ -9,9 +9,9 @@ from __future__ import annotations
 import io
 import os
 import re
-import sys
 
 import pytest
+from _servers import local_ray
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("mlflow")
@@ -35,16 +35,8 @@ REPORTS = 30
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    owns = not ray.is_initialized()
-    if owns:
-        ray.init(num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False)
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    try:
+    with local_ray(__name__):  # the worker functions here travel by value
         yield
-    finally:
-        ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-        if owns:
-            ray.shutdown()
 
 
 def _loop(config: dict) -> None:
