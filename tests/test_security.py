@@ -291,6 +291,12 @@ def _leak_worker(secret: str, store_port: int):
         deadline = time.monotonic() + 30
         while int(store.add("leaktest/listed", 0)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
+        # and rank 0 (the host) leaves last: rank 1's final call must not find it gone
+        if r == 0:
+            while int(store.add("leaktest/left", 0)) < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        else:
+            store.add("leaktest/left", 1)
     finally:
         os.environ["RING_SECRET_KEY"] = secret
         logger.setLevel(level)
