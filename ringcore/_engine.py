@@ -108,13 +108,16 @@ class Engine:
         self._lock = threading.Lock()
         self.pending: dict[tuple[int, str], Handle] = {}
         self.cache: dict[tuple[int, str], tuple[int, tuple]] = {}
-        # every cache id this rank has seen in full: its name and the template's shape
-        self.cids: dict[int, tuple[str, tuple[int, ...]]] = {}
+        # every cache id this rank has seen in full: its name and the template's shape,
+        # and the entry a bare id stands for (one object, reused for every bare id)
+        self.cids: dict[int, tuple[str, tuple[int, ...], Entry]] = {}
         #: what the control path did (tests and bench/control_path.py read it): requests
-        #: sent in full, as a cache id with this call's fields, as the bare id; response
-        #: entries that came as bare ids; ops run through a fusion buffer with others
+        #: sent in full, as a cache id with this call's fields, as the bare id; requests
+        #: a blocking op sent at once from its caller's thread; response entries that
+        #: came as bare ids; ops run through a fusion buffer with others
         self.stats = dict.fromkeys(
-            ("sent_full", "sent_cached", "sent_id", "entries_compact", "ops_fused"), 0
+            ("sent_full", "sent_cached", "sent_id", "sent_now", "entries_compact", "ops_fused"),
+            0,
         )
         self.groups: dict[int, Any] = {0: None}
         self.members: dict[int, list[int]] = {0: list(range(size))}
@@ -144,18 +147,32 @@ class Engine:
             counter = self.counters.setdefault(kind, itertools.count())
             return f"{kind}.noname.{next(counter)}"
 
-    def submit(self, handle: Handle, req: Request) -> Handle:
-        """Register ``handle`` and queue ``req`` for the coordinator."""
-        self.submit_many([(handle, req)])
+    def submit(self, handle: Handle, req: Request, *, now: bool = False) -> Handle:
+        """Register ``handle`` and queue ``req`` for the coordinator (``now``: see
+        :meth:`submit_many`)."""
+        self.submit_many([(handle, req)], now=now)
         return handle
 
-    def submit_many(self, items: list[tuple[Handle, Request]]) -> None:
+    def submit_many(self, items: list[tuple[Handle, Request]], *, now: bool = False) -> None:
         """Register ops and queue their requests for the coordinator.
 
         Requests are not sent one by one: a syscall per op, with the GIL handed back and
         forth, would cost more than the op. The sender thread sends what is queued at
         most one cycle later, and ``flush()`` (called by a blocking wait) sends at once.
+        ``now``: the caller waits for these ops next (a blocking op), so it sends the
+        queue itself, at once, and the sender thread is not woken (two thread wake-ups
+        per op that a blocking op would pay for nothing); ``stats["sent_now"]`` counts
+        them.
         """
+        if now:
+            with self._send_lock:  # flush()'s order: the send lock, then the engine's
+                self._queue(items, wake=False)
+                self.stats["sent_now"] += len(items)
+                self._send_queued()
+            return
+        self._queue(items, wake=True)
+
+    def _queue(self, items: list[tuple[Handle, Request]], wake: bool) -> None:
         with self._lock:
             if self.broken:
                 raise RingInternalError(self.broken)
@@ -169,19 +186,23 @@ class Engine:
                 self.pending[key] = handle
                 mark_ready(handle)
                 self.outbox.append(self._compact(key, req, handle))
-            if len(self.outbox) == len(items):  # the outbox was empty: wake the sender
+            if wake and len(self.outbox) == len(items):  # it was empty: wake the sender
                 self._outbox_ready.notify()
 
     def flush(self) -> None:
         """Send every queued request now (batches leave in the order they were queued)."""
         with self._send_lock:
-            with self._lock:
-                batch, self.outbox = self.outbox, []
-            if batch:
-                try:
-                    self._send_requests(batch)
-                except OSError as exc:
-                    self._break(f"the coordinator is unreachable ({exc}); rank 0 may have died")
+            self._send_queued()
+
+    def _send_queued(self) -> None:
+        """``flush()`` under the send lock, which the caller holds."""
+        with self._lock:
+            batch, self.outbox = self.outbox, []
+        if batch:
+            try:
+                self._send_requests(batch)
+            except OSError as exc:
+                self._break(f"the coordinator is unreachable ({exc}); rank 0 may have died")
 
     def _send_requests(self, batch: list[Request | CachedRequest | CachedId]) -> None:
         """``batch`` in one frame, or in several when one would be over the frame limit.
@@ -360,7 +381,7 @@ class Engine:
                     continue
                 if e.cache_id not in self.cids:
                     # the first entry to carry an id holds the template's name and shape
-                    self.cids[e.cache_id] = (e.name, e.shape)
+                    self.cids[e.cache_id] = (e.name, e.shape, Entry(e.name, e.shape, e.cache_id))
                 if key not in self.cache and h is not None and h.sig is not None:
                     self.cache[key] = (e.cache_id, h.sig)
             return handles
@@ -415,16 +436,17 @@ class Engine:
     def _expand(self, entries: tuple[Entry, ...]) -> tuple[Entry, ...]:
         """Entries that came as bare cache ids, with the name and shape they stand for."""
         out = []
+        cids = self.cids
         for e in entries:
             if e.compact:
-                learnt = self.cids.get(e.cache_id)  # type: ignore[arg-type]
+                learnt = cids.get(e.cache_id)  # type: ignore[arg-type]
                 if learnt is None:  # the coordinator sends an id only once every rank has it
                     raise RingInternalError(
                         f"rank {self.rank} got cache id {e.cache_id} it was never told about"
                     )
-                self.stats["entries_compact"] += 1
-                e = Entry(learnt[0], learnt[1], e.cache_id)
+                e = learnt[2]
             out.append(e)
+        self.stats["entries_compact"] += sum(e.compact for e in entries)
         return tuple(out)
 
     def _finish(self, h: Handle, value: Any) -> None:

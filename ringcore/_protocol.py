@@ -18,6 +18,7 @@ label a mismatch is reported, and what a cache id stands for.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 __all__ = [
@@ -70,6 +71,9 @@ AGREE_FIELDS: tuple[AgreeField, ...] = (
 )
 
 
+_SIGNATURE = attrgetter(*(f.attr for f in AGREE_FIELDS))
+
+
 def _listed(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
@@ -109,8 +113,9 @@ class Request:
     set_id: int | None = None  # ps_remove: the set's id
 
     def signature(self) -> tuple:
-        """What a cache id stands for: the values of :data:`AGREE_FIELDS`."""
-        return tuple(getattr(self, f.attr) for f in AGREE_FIELDS)
+        """What a cache id stands for: the values of :data:`AGREE_FIELDS` (read in one
+        C call: the engine asks it once per op)."""
+        return _SIGNATURE(self)
 
     def cached(self, cache_id: int) -> CachedRequest:
         """This request as sent once the coordinator knows it under ``cache_id``."""

@@ -187,15 +187,27 @@ def allreduce_async_(
     spelling of it), scaled by ``prescale_factor`` before and ``postscale_factor``
     after. ``name`` must be the same on every rank (unnamed ops are numbered in call
     order). Returns a handle; ``synchronize(handle)`` returns ``tensor``, reduced."""
+    return _allreduce_start(
+        tensor, average, name, op, prescale_factor, postscale_factor, process_set, True, False
+    )
+
+
+def _allreduce_start(
+    tensor, average, name, op, prescale_factor, postscale_factor, process_set, inplace, now
+) -> int:
+    """``allreduce_async(_)``; ``now``: the caller synchronizes next (a blocking form),
+    so the request leaves from this thread at once (``Engine.submit_many``)."""
+    what = "allreduce_async_" if inplace else "allreduce_async"
     rop = resolve_op(average, op)
     eng = engine()
     name = name or eng.auto_name("allreduce")
-    req = _allreduce_req(
-        tensor, name, rop, prescale_factor, postscale_factor, process_set, "allreduce_async_"
-    )
-    wire = _wire(tensor)
-
-    return _register(eng.submit(Handle(name, "allreduce", tensor=wire, finish=_into(tensor)), req))
+    req = _allreduce_req(tensor, name, rop, prescale_factor, postscale_factor, process_set, what)
+    if inplace:
+        handle = Handle(name, "allreduce", tensor=_wire(tensor), finish=_into(tensor))
+    else:
+        buf = _wire(tensor).clone()
+        handle = Handle(name, "allreduce", tensor=buf, finish=_back_to(tensor.dtype))
+    return _register(eng.submit(handle, req, now=now))
 
 
 def allreduce_async(
@@ -211,15 +223,8 @@ def allreduce_async(
 
     Arguments as :func:`allreduce_async_`. Returns a handle; ``synchronize(handle)``
     returns the reduced tensor (same shape and dtype as ``tensor``)."""
-    rop = resolve_op(average, op)
-    eng = engine()
-    name = name or eng.auto_name("allreduce")
-    req = _allreduce_req(
-        tensor, name, rop, prescale_factor, postscale_factor, process_set, "allreduce_async"
-    )
-    buf = _wire(tensor).clone()
-    return _register(
-        eng.submit(Handle(name, "allreduce", tensor=buf, finish=_back_to(tensor.dtype)), req)
+    return _allreduce_start(
+        tensor, average, name, op, prescale_factor, postscale_factor, process_set, False, False
     )
 
 
@@ -247,8 +252,16 @@ def allreduce(
         )
     compressed, ctx = compression.compress(tensor.detach())
     out = synchronize(
-        allreduce_async(
-            compressed, average, name, op, prescale_factor, postscale_factor, process_set
+        _allreduce_start(
+            compressed,
+            average,
+            name,
+            op,
+            prescale_factor,
+            postscale_factor,
+            process_set,
+            False,
+            True,
         )
     )
     return compression.decompress(out, ctx)
@@ -267,7 +280,9 @@ def allreduce_(
 
     Arguments as :func:`allreduce_async_`; blocks until the reduction is done."""
     return synchronize(
-        allreduce_async_(tensor, average, name, op, prescale_factor, postscale_factor, process_set)
+        _allreduce_start(
+            tensor, average, name, op, prescale_factor, postscale_factor, process_set, True, True
+        )
     )
 
 
