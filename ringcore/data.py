@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "POOL_TYPES",
     "READERS",
     "ShardReader",
     "iter_shard",
@@ -53,6 +54,7 @@ __all__ = [
 ]
 
 READERS = ("auto", "petastorm", "arrow")
+POOL_TYPES = ("thread", "process", "dummy")
 
 Batch = dict[str, np.ndarray]
 
@@ -77,6 +79,28 @@ def _petastorm_url(path_or_url: str) -> str:
     return str(path_or_url) if _is_remote(path_or_url) else "file://" + _local_path(path_or_url)
 
 
+def _read_options(url: str, storage_options: Options) -> dict[str, Any]:
+    """``storage_options`` for reading Parquet in place: a filesystem that takes
+    ``default_cache_type`` (s3fs, gcsfs, adlfs) gets ``"none"`` unless the caller chose
+    one. Their default read-ahead cache turns every ranged read of a column chunk into
+    one of ``default_block_size`` (50 MiB on s3fs), held per open file: more bytes
+    fetched and more memory than the row group needs. pyarrow already coalesces a row
+    group's column chunks into few exact ranged reads (``pre_buffer``)."""
+    import inspect
+
+    import fsspec
+
+    options = dict(storage_options or {})
+    if "default_cache_type" in options or "://" not in str(url):
+        return options
+    try:
+        cls = fsspec.get_filesystem_class(str(url).split("://", 1)[0])
+        takes = "default_cache_type" in inspect.signature(cls.__init__).parameters
+    except (ImportError, ValueError, TypeError):
+        return options  # url_to_fs says what is missing
+    return {**options, "default_cache_type": "none"} if takes else options
+
+
 def _dataset(path_or_url: str, storage_options: Options) -> Any:
     """The ``pyarrow.dataset`` at a local path or fsspec URL (footers only: no rows read)."""
     import pyarrow.dataset as pads
@@ -86,7 +110,9 @@ def _dataset(path_or_url: str, storage_options: Options) -> Any:
     import fsspec.core
 
     try:
-        fs, path = fsspec.core.url_to_fs(str(path_or_url), **(storage_options or {}))
+        fs, path = fsspec.core.url_to_fs(
+            str(path_or_url), **_read_options(path_or_url, storage_options)
+        )
     except (ImportError, ValueError) as exc:
         raise ValueError(
             f"cannot open the Parquet dataset {path_or_url!r} through fsspec: {exc}. Install "
@@ -113,6 +139,27 @@ def petastorm_problems() -> list[str]:
     from . import _stackcheck
 
     return _stackcheck.check()
+
+
+def _check_pool(pool_type: str, workers_count: int, reader: str) -> None:
+    if pool_type not in POOL_TYPES:
+        raise ValueError(
+            f"reader_pool_type must be one of {', '.join(map(repr, POOL_TYPES))}; got {pool_type!r}"
+        )
+    if workers_count < 1:
+        raise ValueError(f"the reader's workers_count must be >= 1; got {workers_count}")
+    if pool_type == "process" and reader != "petastorm":
+        raise ValueError(
+            "reader_pool_type='process' is petastorm's process pool, but this reader is "
+            f"{reader!r}: the arrow reader reads ahead in threads ('thread') or inline "
+            "('dummy'); pass one of those, or reader='petastorm'"
+        )
+    if pool_type == "process" and importlib.util.find_spec("zmq") is None:
+        raise ValueError(
+            "reader_pool_type='process' needs pyzmq (petastorm's process pool talks to its "
+            "workers through it), which is not installed: pip install pyzmq, or use "
+            "reader_pool_type='thread'"
+        )
 
 
 def _check_shard(rank: int, size: int) -> None:
@@ -216,9 +263,27 @@ def _petastorm_filesystem(url: str, storage_options: Options) -> Any:
     if not _is_remote(url):
         return None
     import fsspec.core
-    from pyarrow.filesystem import DaskFileSystem
 
-    class _Legacy(DaskFileSystem):
+    fs = fsspec.core.url_to_fs(url, **_read_options(url, storage_options))[0]
+    with warnings.catch_warnings():  # DaskFileSystem is deprecated: petastorm needs it
+        warnings.simplefilter("ignore", FutureWarning)
+        return _legacy_class()(fs)
+
+
+_LEGACY: list[type] = []
+
+
+def _legacy_class() -> type:
+    """The legacy filesystem class, made on first use (its base is deprecated and warns
+    on import); it is this module's ``_LegacyFilesystem``, so petastorm's process pool
+    can pickle an instance by reference."""
+    if _LEGACY:
+        return _LEGACY[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        from pyarrow.filesystem import DaskFileSystem
+
+    class _LegacyFilesystem(DaskFileSystem):
         def isdir(self, path: str) -> bool:
             return bool(self.fs.isdir(path))
 
@@ -233,10 +298,16 @@ def _petastorm_filesystem(url: str, storage_options: Options) -> Any:
             for root, dirs, files in self.fs.walk(path):
                 yield root, sorted(dirs), sorted(files)
 
-    fs = fsspec.core.url_to_fs(url, **(storage_options or {}))[0]
-    with warnings.catch_warnings():  # DaskFileSystem is deprecated: petastorm needs it
-        warnings.simplefilter("ignore", FutureWarning)
-        return _Legacy(fs)
+    _LegacyFilesystem.__module__ = __name__
+    _LegacyFilesystem.__qualname__ = "_LegacyFilesystem"
+    _LEGACY.append(_LegacyFilesystem)
+    return _LegacyFilesystem
+
+
+def __getattr__(name: str) -> Any:  # pickle finds the lazily made class by its name
+    if name == "_LegacyFilesystem":
+        return _legacy_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _open_petastorm(
@@ -249,6 +320,7 @@ def _open_petastorm(
     seed: int,
     workers_count: int,
     storage_options: Options = None,
+    pool_type: str = "thread",
 ) -> Any:
     from petastorm import make_batch_reader
     from petastorm.errors import NoDataAvailableError
@@ -264,7 +336,7 @@ def _open_petastorm(
             shuffle_row_groups=shuffle,
             seed=seed,
             workers_count=workers_count,
-            reader_pool_type="thread",
+            reader_pool_type=pool_type,
             # a few row groups decoded ahead, not petastorm's 50: memory stays flat
             results_queue_size=max(2, 2 * workers_count),
             filesystem=_petastorm_filesystem(url, storage_options),
@@ -309,9 +381,38 @@ def _shard_slices(
     return slices
 
 
-def _read_slices(slices: Iterable[tuple[Any, int, int]], columns: Sequence[str]) -> Iterator[Batch]:
-    for fragment, first, rows in slices:
-        yield to_numpy_columns(fragment.to_table(columns=list(columns)).slice(first, rows), columns)
+def _read_slice(piece: tuple[Any, int, int], columns: Sequence[str]) -> Batch:
+    fragment, first, rows = piece
+    return to_numpy_columns(fragment.to_table(columns=list(columns)).slice(first, rows), columns)
+
+
+def _read_slices(
+    slices: Iterable[tuple[Any, int, int]], columns: Sequence[str], ahead: int = 0
+) -> Iterator[Batch]:
+    """The slices' rows in order; ``ahead`` > 0 reads that many row groups ahead in as
+    many threads (pyarrow drops the GIL while it fetches and decodes), so the next row
+    group is on its way while the caller trains on this one: memory holds ``ahead``
+    more row groups."""
+    if ahead <= 0:
+        for piece in slices:
+            yield _read_slice(piece, columns)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    pending: deque[Any] = deque()
+    pool = ThreadPoolExecutor(ahead, thread_name_prefix="ringtrain-reader")
+    try:
+        for piece in slices:
+            pending.append(pool.submit(_read_slice, piece, columns))
+            if len(pending) > ahead:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:  # a reader closed early: drop what was read ahead, wait for the threads
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=True)
 
 
 def _arrow_slices(
@@ -332,12 +433,16 @@ def _arrow_chunks(
     columns: Sequence[str],
     num_epochs: int | None,
     rng: np.random.Generator | None,
+    ahead: int = 0,
 ) -> Iterator[Batch]:
-    epoch = 0
-    while slices and (num_epochs is None or epoch < num_epochs):
-        order = rng.permutation(len(slices)) if rng is not None else range(len(slices))
-        yield from _read_slices((slices[i] for i in order), columns)
-        epoch += 1
+    def ordered() -> Iterator[tuple[Any, int, int]]:
+        epoch = 0
+        while slices and (num_epochs is None or epoch < num_epochs):
+            order = rng.permutation(len(slices)) if rng is not None else range(len(slices))
+            yield from (slices[i] for i in order)
+            epoch += 1
+
+    yield from _read_slices(ordered(), columns, ahead)
 
 
 # --- the public face -------------------------------------------------------------------------
@@ -368,6 +473,7 @@ class ShardReader:
         storage_options: Options = None,
         drop_last: bool = True,
         even: bool = True,
+        pool_type: str = "thread",
     ):
         _check_shard(rank, size)
         if batch_size < 1:
@@ -377,6 +483,7 @@ class ShardReader:
         if not columns:
             raise ValueError("columns must name at least one column to read")
         self.reader = resolve_reader(reader)
+        _check_pool(pool_type, workers_count, self.reader)
         self.columns = list(columns)
         self.batch_size = batch_size
         rng = np.random.default_rng([seed, rank]) if shuffle else None
@@ -394,12 +501,15 @@ class ShardReader:
                 seed,
                 workers_count,
                 storage_options,
+                pool_type,
             )
             chunks = _petastorm_chunks(self._petastorm, self.columns)
         else:
             slices = _arrow_slices(path_or_url, rank, size, storage_options, even)
             self.files = sorted({fragment.path for fragment, _, _ in slices})
-            chunks = _arrow_chunks(slices, self.columns, num_epochs, rng)
+            ahead = workers_count if pool_type == "thread" else 0
+            chunks = _arrow_chunks(slices, self.columns, num_epochs, rng, ahead)
+        self._source = chunks
         self._chunks = self._counted(chunks)  # as read: one row group (or petastorm batch) each
         self._batches = _rebatch(self._chunks, batch_size, rng, drop_last)
 
@@ -415,6 +525,9 @@ class ShardReader:
         return next(self._batches)
 
     def close(self) -> None:
+        for gen in (self._batches, self._chunks, self._source):
+            if hasattr(gen, "close"):  # the arrow reader's read-ahead threads stop here
+                gen.close()
         if self._petastorm is not None:
             self._petastorm.stop()
             self._petastorm.join()
@@ -440,14 +553,20 @@ def make_reader(
     num_epochs: int | None = None,
     workers_count: int = 1,
     storage_options: Options = None,
+    pool_type: str = "thread",
 ) -> ShardReader:
     """Open this rank's shard of the Parquet dataset at ``path_or_url`` (a local path,
     ``file://`` URL or fsspec URL, read in place) as batches of exactly ``batch_size`` rows.
 
     ``num_epochs=None`` reads forever (the caller counts its steps); ``shuffle``
     shuffles the order of row groups and the rows within each (seeded by ``seed``
-    and the rank); ``workers_count`` is petastorm's reader-thread count;
-    ``storage_options`` go to ``fsspec.filesystem`` for a remote URL.
+    and the rank); ``storage_options`` go to ``fsspec.filesystem`` for a remote URL.
+
+    ``pool_type`` and ``workers_count`` (Horovod's ``reader_pool_type`` and
+    ``*_reader_num_workers``): petastorm decodes row groups in a pool of
+    ``workers_count`` threads (``"thread"``), processes (``"process"``, needs pyzmq)
+    or inline (``"dummy"``); the arrow reader reads ``workers_count`` row groups ahead
+    in as many threads (``"thread"``) or reads each when it is needed (``"dummy"``).
     """
     return ShardReader(
         path_or_url,
@@ -461,6 +580,7 @@ def make_reader(
         num_epochs=num_epochs,
         workers_count=workers_count,
         storage_options=storage_options,
+        pool_type=pool_type,
     )
 
 
@@ -480,13 +600,16 @@ def iter_shard(
     batch_size: int,
     reader: str = "petastorm",
     storage_options: Options = None,
+    workers_count: int = 1,
+    pool_type: str = "thread",
 ) -> ShardReader:
     """Every row of this rank's shard, once, streamed in batches of ``batch_size`` rows
     (the last one shorter): memory holds a batch and the row group being read, never
     the whole shard (e.g. for validation).
 
     The arrow reader splits the rows as evenly as it can (ranks differ by at most one
-    row) and drops none; petastorm gives each rank whole row groups.
+    row) and drops none; petastorm gives each rank whole row groups. ``workers_count``
+    and ``pool_type`` are :func:`make_reader`'s.
     """
     return ShardReader(
         path_or_url,
@@ -499,6 +622,8 @@ def iter_shard(
         storage_options=storage_options,
         drop_last=False,
         even=False,
+        workers_count=workers_count,
+        pool_type=pool_type,
     )
 
 

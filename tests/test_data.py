@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import threading
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -175,6 +177,9 @@ def test_arrays_of_different_lengths_are_refused_with_the_column_name(tmp_path):
         ({"batch_size": 0}, "batch_size must be >= 1"),
         ({"rank": 2}, "need 0 <= rank < size"),
         ({"num_epochs": 0}, "num_epochs must be >= 1"),
+        ({"pool_type": "fork"}, r"reader_pool_type must be one of 'thread', 'process', 'dummy'"),
+        ({"workers_count": 0}, "workers_count must be >= 1; got 0"),
+        ({"pool_type": "process"}, r"'process' is petastorm's process pool.*'thread'.*'dummy'"),
     ],
 )
 def test_bad_reader_arguments_are_refused(balanced_dir, kwargs, message):
@@ -186,3 +191,60 @@ def test_bad_reader_arguments_are_refused(balanced_dir, kwargs, message):
 def test_auto_picks_petastorm_when_installed():
     assert resolve_reader("auto") == "petastorm"
     assert resolve_reader("arrow") == "arrow"
+
+
+def _ids(batches) -> list[int]:
+    return sorted(int(i) for b in batches for i in b["id"])
+
+
+@pytest.mark.parametrize(
+    ("reader", "pool_type", "workers"),
+    [
+        ("arrow", "thread", 1),
+        ("arrow", "thread", 3),
+        ("arrow", "dummy", 1),
+        ("petastorm", "thread", 2),
+        ("petastorm", "dummy", 1),
+        ("petastorm", "process", 2),
+    ],
+)
+def test_every_reader_pool_reads_the_same_rows_of_each_rank(ragged_dir, reader, pool_type, workers):
+    if reader == "petastorm":  # petastorm shards by row group: files of 16-row groups
+        ragged_dir = _write(Path(ragged_dir).parent / "groups", [32, 32, 32, 32], 16)
+    for rank in range(2):
+        inline = _epoch(ragged_dir, rank, 2, 8, reader, pool_type="dummy")
+        pooled = _epoch(ragged_dir, rank, 2, 8, reader, pool_type=pool_type, workers_count=workers)
+        assert _ids(pooled) == _ids(inline) and len(pooled) == len(inline) > 0
+
+
+def _reader_threads() -> int:
+    return sum(t.name.startswith("ringtrain-reader") for t in threading.enumerate())
+
+
+def test_the_arrow_reader_reads_ahead_in_threads_and_stops_them_when_closed(ragged_dir):
+    before = _reader_threads()
+    with make_reader(
+        ragged_dir, rank=0, size=1, batch_size=4, columns=["id"], reader="arrow",
+        workers_count=2, pool_type="thread",
+    ) as reader:  # fmt: skip
+        first = next(reader)  # endless (num_epochs=None): closed mid-epoch
+        assert _reader_threads() - before == 2
+    assert _reader_threads() == before and first["id"].tolist() == [0, 1, 2, 3]
+    with make_reader(
+        ragged_dir, rank=0, size=1, batch_size=4, columns=["id"], reader="arrow", pool_type="dummy"
+    ) as reader:
+        next(reader)
+        assert _reader_threads() == before  # inline: no thread at all
+
+
+def test_remote_reads_turn_off_fsspecs_read_ahead_cache_unless_asked():
+    from ringcore.data import _read_options
+
+    assert _read_options("s3://bucket/data", {"key": "k"}) == {
+        "key": "k",
+        "default_cache_type": "none",
+    }
+    chosen = {"default_cache_type": "readahead", "default_block_size": 2**20}
+    assert _read_options("s3://bucket/data", chosen) == chosen
+    assert _read_options("/local/path", None) == {}
+    assert _read_options("memory://x", None) == {}  # a filesystem without that option
