@@ -44,7 +44,7 @@ from ._reduction import average_, neutral_fill, scale_
 from ._timeline import Timeline
 from ._wire import HANDSHAKE_TIMEOUT_S, MessageTooLarge, connect_handshake
 
-__all__ = ["Engine", "Handle", "dtype_name", "wait_handle"]
+__all__ = ["Engine", "Handle", "InputHandle", "dtype_name", "wait_handle"]
 
 log = logging.getLogger("ringtrain.ringcore.engine")
 
@@ -68,6 +68,14 @@ def _flatten(bufs: list[torch.Tensor]) -> torch.Tensor:
 def _unflatten(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
     """Views of ``flat`` shaped like each of ``like``, in order (no copies)."""
     return torch._C._nn.unflatten_dense_tensors(flat, like)
+
+
+class InputHandle(Handle):
+    """A handle whose ``tensor`` is the caller's input, to be left as it is: the op's
+    result is a new tensor, copied by the engine thread (Horovod reads the input when
+    the op runs, too). A caller that copied it first would hand the GIL to the engine's
+    threads on every op of a burst of async ops (every torch call releases it), and
+    wait for it back each time."""
 
 
 class Engine:
@@ -498,10 +506,15 @@ class Engine:
         ]
         for h, e in zip(handles, item.entries):
             self._span(h, e.name, "QUEUE", h.submitted if h else t_start, t_start)
+        inputs = [type(h) is InputHandle for h in handles]
+        if op == ReduceOp.Adasum or (len(bufs) == 1 and inputs[0]):
+            # reduced where they are: a caller's input is copied first
+            bufs = [b.clone() if keep else b for b, keep in zip(bufs, inputs)]
+            inputs = [False] * len(bufs)
         if op == ReduceOp.Adasum:
             self._run_adasum(item, handles, bufs, group)
         else:
-            self._run_fused(item, handles, bufs, op, group, t_start)
+            bufs = self._run_fused(item, handles, bufs, inputs, op, group, t_start)
         for h, b in zip(handles, bufs):
             if h is not None:
                 self._finish(h, b)
@@ -521,11 +534,14 @@ class Engine:
         item: ResponseItem,
         handles: list[Handle | None],
         bufs: list[torch.Tensor],
+        inputs: list[bool],
         op: ReduceOp,
         group: Any,
         t_start: float,
-    ) -> None:
-        """Allreduce ``bufs`` through one flat buffer (the tensor itself when alone)."""
+    ) -> list[torch.Tensor]:
+        """Allreduce ``bufs`` through one flat buffer (the tensor itself when alone);
+        the results: ``bufs``, but a new tensor for each of ``inputs`` (a caller's input,
+        left as it is; never alone)."""
         if len(bufs) == 1:
             flat, t1 = bufs[0].view(-1), time.perf_counter()
         else:
@@ -539,10 +555,20 @@ class Engine:
         for h, e in zip(handles, item.entries):
             self._span(h, e.name, "ALLREDUCE", t1, t2)
         if len(bufs) > 1:
-            torch._foreach_copy_(bufs, _unflatten(flat, bufs))
+            views = _unflatten(flat, bufs)
+            if not any(inputs):
+                torch._foreach_copy_(bufs, views)
+            else:  # one call each way: new tensors for the inputs, copies for the rest
+                outs = torch._foreach_clone([v for v, keep in zip(views, inputs) if keep])
+                into = [(b, v) for b, v, keep in zip(bufs, views, inputs) if not keep]
+                if into:
+                    torch._foreach_copy_([b for b, _ in into], [v for _, v in into])
+                fresh = iter(outs)
+                bufs = [next(fresh) if keep else b for b, keep in zip(bufs, inputs)]
             t3 = time.perf_counter()
             for h, e in zip(handles, item.entries):
                 self._span(h, e.name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3)
+        return bufs
 
     def _run_allgather(self, item: ResponseItem, handles: list[Handle | None]) -> None:
         (h,), (e,) = handles, item.entries

@@ -71,6 +71,39 @@ def _control_path_worker() -> dict:
     out["async"] = rounds
     out["async_stats"] = delta(before)
 
+    # 5. in-place and new-tensor allreduces fused in one batch, and one alone: the
+    # engine thread copies a new-tensor op's input (InputHandle) and leaves it as it is
+    before = stats()
+    inputs = [torch.full((5,), float(i + r)) for i in range(12)]
+    handles = [
+        (hvd.allreduce_async_ if i % 2 else hvd.allreduce_async)(t, name=f"cp.m.{i}", op=hvd.Sum)
+        for i, t in enumerate(inputs)
+    ]
+    results = [hvd.synchronize(h) for h in handles]
+    out["mixed"] = {
+        "results": [t.tolist() for t in results],
+        "inputs": [t.tolist() for t in inputs],
+        "own_storage": [
+            res.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+            and res.untyped_storage().nbytes() == t.untyped_storage().nbytes()
+            for res, t in zip(results, inputs)
+        ],
+    }
+    before = stats()
+    group_in = [torch.full((4,), float(i * r)) for i in range(6)]
+    group_out = hvd.synchronize(hvd.grouped_allreduce_async(group_in, name="cp.g", op=hvd.Sum))
+    out["group"] = {
+        "results": [t.tolist() for t in group_out],
+        "inputs": [t.tolist() for t in group_in],
+        "own_storage": len({t.untyped_storage().data_ptr() for t in group_out + group_in}),
+    }
+    out["group_stats"] = delta(before)
+    alone = torch.full((3,), float(r))
+    out["alone"] = (
+        hvd.synchronize(hvd.allreduce_async(alone, name="cp.alone", op=hvd.Sum)).tolist(),
+        alone.tolist(),
+    )
+
     # 4. rank 1 joins after 2 steps of a cached name; rank 0 runs 5: rank 1 reads the
     # bare ids of steps 3..5 while joined and adds zeros
     steps = 5 if r == 0 else 2
@@ -96,6 +129,7 @@ def test_a_repeated_name_travels_as_its_bare_cache_id_and_agrees_by_id(results):
         assert res["repeat"] == [[float(1 + 2 * i)] * 4 for i in range(5)]
         st = res["repeat_stats"]
         assert (st["sent_full"], st["sent_id"], st["sent_cached"]) == (1, 4, 0)
+        assert st["sent_now"] == 5  # a blocking op sends from its caller's thread
         assert st["entries_compact"] == 4  # the first response carried the id in full
     coord = results[0]["repeat_stats"]
     assert (coord["agreed_by_fields"], coord["agreed_by_id"]) == (1, 4)
@@ -136,3 +170,19 @@ def test_a_joined_rank_reads_bare_cache_ids_and_contributes_zeros(results):
     assert results[1]["join_sums"] == [3.0, 3.0]
     assert [res["last"] for res in results] == [0, 0]
     assert results[1]["join_stats"]["entries_compact"] == 4  # its 2nd step + rank 0's 3 more
+
+
+def test_new_tensor_allreduces_leave_their_inputs_and_get_their_own_storage(results):
+    for r, res in enumerate(results):
+        got = res["mixed"]
+        assert got["results"] == [[float(2 * i + 1)] * 5 for i in range(12)]
+        for i, t in enumerate(got["inputs"]):  # odd: in place; even: left as they were
+            assert t == ([float(2 * i + 1)] * 5 if i % 2 else [float(i + r)] * 5)
+        assert all(got["own_storage"][0::2]), got["own_storage"]
+        assert res["alone"] == ([1.0] * 3, [float(r)] * 3)
+        # a group is always fused: its new tensors are copies out of the fusion buffer
+        group = res["group"]
+        assert group["results"] == [[float(i)] * 4 for i in range(6)]
+        assert group["inputs"] == [[float(i * r)] * 4 for i in range(6)]
+        assert group["own_storage"] == 12  # six inputs, six results: no storage shared
+        assert res["group_stats"]["ops_fused"] == 6

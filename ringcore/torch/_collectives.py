@@ -19,6 +19,7 @@ import torch
 
 from .._adasum import is_power_of_two
 from .._cuda_streams import join_streams
+from .._engine import InputHandle
 from .._handle import Handle, dtype_name, wait_handle
 from .._ops import ReduceOp, resolve_op
 from .._process_sets import ProcessSet, check_process_set, global_process_set
@@ -144,6 +145,16 @@ def _back_to(dtype: torch.dtype):
     return lambda t: t if t.dtype == dtype else t.to(dtype)
 
 
+def _input_handle(name: str, tensor: torch.Tensor) -> Handle:
+    """The handle of an allreduce into a new tensor: on the CPU the engine thread makes
+    the copy (see ``InputHandle``); a CUDA tensor is copied here, on the caller's
+    stream, so that the result belongs to that stream."""
+    if tensor.is_cuda:
+        buf = _wire(tensor).clone()
+        return Handle(name, "allreduce", tensor=buf, finish=_back_to(tensor.dtype))
+    return InputHandle(name, "allreduce", tensor=_wire(tensor), finish=_back_to(tensor.dtype))
+
+
 # -- allreduce ----------------------------------------------------------------------
 
 
@@ -205,8 +216,7 @@ def _allreduce_start(
     if inplace:
         handle = Handle(name, "allreduce", tensor=_wire(tensor), finish=_into(tensor))
     else:
-        buf = _wire(tensor).clone()
-        handle = Handle(name, "allreduce", tensor=buf, finish=_back_to(tensor.dtype))
+        handle = _input_handle(name, tensor)
     return _register(eng.submit(handle, req, now=now))
 
 
@@ -310,9 +320,9 @@ def _grouped_allreduce_async(
         )
         if inplace:
             wire, finish = _wire(t), _into(t)
+            h = Handle(n, "allreduce", tensor=wire, finish=finish)
         else:
-            wire, finish = _wire(t).clone(), _back_to(t.dtype)
-        h = Handle(n, "allreduce", tensor=wire, finish=finish)
+            h = _input_handle(n, t)
         items.append((h, req))
         handles.append(h)
     eng.submit_many(items)
