@@ -232,7 +232,8 @@ def allreduce_async(
     """Start an allreduce of ``tensor`` into a new tensor; ``tensor`` is left as it is.
 
     Arguments as :func:`allreduce_async_`. Returns a handle; ``synchronize(handle)``
-    returns the reduced tensor (same shape and dtype as ``tensor``)."""
+    returns the reduced tensor (same shape and dtype as ``tensor``). As in Horovod,
+    ``tensor`` is read when the op runs: do not modify it until ``synchronize``."""
     return _allreduce_start(
         tensor, average, name, op, prescale_factor, postscale_factor, process_set, False, False
     )
