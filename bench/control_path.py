@@ -293,8 +293,9 @@ def main(argv: list[str] | None = None) -> int:
             why_missed=(
                 f"ours {s['ours/block']['median'] * 1e6:.0f} us vs raw "
                 f"{s['raw/block']['median'] * 1e6:.0f} us, ours on {plane}: a blocking op "
-                "still waits on a chain of thread hand-offs and two socket hops (see "
-                "--stages), each a wait for a core on a loaded machine"
+                "still waits on a chain of thread hand-offs (rank 0's coordinator thread, "
+                "each rank's engine thread) and two socket hops (see --stages), each a "
+                "wait for a core on a loaded machine"
             ),
         ),
         common.target(
@@ -307,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{s['raw/async']['median'] * 1e3:.1f} ms: ours still costs "
                 f"{s['ours/async/cpu']['median'] * 1e3:.0f} ms of CPU per 1000 ops (a "
                 "request, a handle and its event, and the engine's and coordinator's "
-                "bookkeeping per op, in Python)"
+                "bookkeeping per op, in Python, its threads contending for one GIL)"
             ),
         ),
     ]
