@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -55,7 +55,10 @@ def check_rounds(rounds: int) -> int:
     return rounds
 
 
-def orders(peers: Sequence[str], rounds: int) -> list[list[str]]:
+P = TypeVar("P")  # a peer: its name, or (name, layout)
+
+
+def orders(peers: Sequence[P], rounds: int) -> list[list[P]]:
     """The peers' order in every round: as given in even rounds, reversed in odd ones."""
     return [list(peers) if r % 2 == 0 else list(reversed(peers)) for r in range(rounds)]
 

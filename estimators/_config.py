@@ -12,6 +12,7 @@ callbacks, the columns against the schema, the numbers, the store, then what
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import time
 import uuid
@@ -22,7 +23,7 @@ import torch
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import BooleanType, IntegralType, NumericType, StructType
 
-from ringcore.data import READERS, petastorm_problems
+from ringcore.data import POOL_TYPES, READERS, petastorm_problems, resolve_reader
 from spark_runner import default_num_proc
 
 from ._callbacks import check_callbacks
@@ -64,6 +65,9 @@ class FitConfig:
     reader: str
     reader_workers: int
     inmemory_cache_all: bool
+    val_reader_workers: int
+    reader_pool: str  # reader_pool_type
+    partitions_per_process: int
     backward_passes_per_step: int
     callbacks: list[Any]  # torch: objects with on_epoch_end / on_batch_end (_callbacks.py)
     use_gpu: bool  # resolved: the use_gpu param, or whether CUDA is present
@@ -154,6 +158,29 @@ def _check_extra_columns(est: Any, schema: StructType, used: set[str]) -> None:
             )
 
 
+def _check_pool(pool: Any, reader: str) -> None:
+    """``reader_pool_type`` against the reader it will drive (before any job)."""
+    if pool not in POOL_TYPES:
+        raise ValueError(
+            f"reader_pool_type must be one of {', '.join(map(repr, POOL_TYPES))}; got "
+            f"{pool!r}. Set it with setReaderPoolType('thread') (the default), for example."
+        )
+    if pool != "process" or reader not in READERS:
+        return
+    if resolve_reader(reader) != "petastorm":
+        raise ValueError(
+            f"reader_pool_type='process' is petastorm's process pool, but reader={reader!r} "
+            "reads with arrow here, which reads ahead in threads: use "
+            "setReaderPoolType('thread') (or 'dummy'), or setReader('petastorm')."
+        )
+    if importlib.util.find_spec("zmq") is None:
+        raise ValueError(
+            "reader_pool_type='process' needs pyzmq (petastorm's process pool talks to its "
+            "workers through it), which is not installed: pip install pyzmq, or "
+            "setReaderPoolType('thread')."
+        )
+
+
 def _check_numbers(est: Any) -> None:
     for name, setter, optional in (
         ("batch_size", "setBatchSize", False),
@@ -163,6 +190,8 @@ def _check_numbers(est: Any) -> None:
         ("train_steps_per_epoch", "setTrainStepsPerEpoch", True),
         ("validation_steps_per_epoch", "setValidationStepsPerEpoch", True),
         ("train_reader_num_workers", "setTrainReaderNumWorkers", False),
+        ("val_reader_num_workers", "setValReaderNumWorkers", False),
+        ("partitions_per_process", "setPartitionsPerProcess", False),
         ("backward_passes_per_step", "setBackwardPassesPerStep", False),
     ):
         _check_positive(name, est.getOrDefault(name), setter, optional)
@@ -174,6 +203,7 @@ def _check_numbers(est: Any) -> None:
         )
     if est.getReader() not in READERS:
         raise ValueError(f"reader must be one of {', '.join(READERS)}; got {est.getReader()!r}.")
+    _check_pool(est.getReaderPoolType(), est.getReader())
     if est.getReader() == "petastorm":
         problems = petastorm_problems()
         if problems:
@@ -251,6 +281,9 @@ def resolve_config(est: Any, df: DataFrame | None, spark: SparkSession | None = 
         validation_steps_per_epoch=est.getValidationStepsPerEpoch(),
         reader=est.getReader(),
         reader_workers=est.getTrainReaderNumWorkers(),
+        val_reader_workers=est.getValReaderNumWorkers(),
+        reader_pool=est.getReaderPoolType(),
+        partitions_per_process=est.getPartitionsPerProcess(),
         inmemory_cache_all=est.getInmemoryCacheAll(),
         backward_passes_per_step=est.getBackwardPassesPerStep(),
         callbacks=list(est.getCallbacks()),

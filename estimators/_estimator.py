@@ -179,6 +179,9 @@ class RingEstimator(EstimatorAccessors, Estimator, MLWritable, MLReadable["RingE
         validation_steps_per_epoch: int | None = None,
         reader: str = "auto",
         train_reader_num_workers: int = 1,
+        val_reader_num_workers: int = 1,
+        reader_pool_type: str = "thread",
+        partitions_per_process: int = 1,
         inmemory_cache_all: bool = False,
         backward_passes_per_step: int = 1,
         callbacks: Any = [],  # noqa: B006 (a list: the table default)

@@ -157,15 +157,15 @@ def write_parquet(
     frame: Any,
     store: Store,
     path: str,
-    num_proc: int,
+    files: int,
     writer: str,
     row_bytes: float | None = None,
 ) -> None:
-    """``frame`` as ``num_proc`` Parquet files (round-robin rows: equal to within a few)
+    """``frame`` as ``files`` Parquet files (round-robin rows: equal to within a few)
     at ``path`` in ``store``, by ``writer`` (from :func:`pick_writer`); an existing
     ``path`` is an error, as Spark's ``mode("error")``. ``row_bytes`` (a row's size
     in memory, from the first rows) sizes Spark's row groups."""
-    frame = frame.repartition(num_proc)
+    frame = frame.repartition(files)
     if writer == "spark":
         # "error" (= "errorifexists"): the one spelling a Spark Connect client accepts
         (

@@ -1,9 +1,10 @@
 """Data preparation for ``fit``: the DataFrame becomes balanced Parquet in the Store.
 
 Petastorm shards by row group, so uneven files give ranks uneven data (seen:
-6,264 vs 3,736 rows of 10,000 on two ranks). We therefore write ``num_proc`` files
-with ``repartition(num_proc)`` (round-robin: equal to within a few rows), each of
-row groups of about ``ROW_GROUP_BYTES`` (one for small data), and fix the steps per
+6,264 vs 3,736 rows of 10,000 on two ranks). We therefore write ``num_proc x
+partitions_per_process`` files with ``repartition`` (round-robin: equal to within a few
+rows), each of row groups of about ``ROW_GROUP_BYTES`` (one for small data): each rank
+gets every num_proc-th row group, the same share. And we fix the steps per
 epoch from the row count so that every rank runs the same number of steps. Spark
 writes the files, or the executors' Python workers through fsspec where Spark's
 Hadoop cannot write the store (see ``_parquet_writer``).
@@ -206,6 +207,7 @@ def _cache_key(df: DataFrame, cfg: FitConfig) -> tuple[Any, ...]:
         cfg.validation,
         cfg.split_seed,
         cfg.num_proc,
+        cfg.partitions_per_process,
         resolve_reader(cfg.reader),
     )
 
@@ -252,10 +254,11 @@ def prepare_data(df: DataFrame, cfg: FitConfig) -> PreparedData:
     idx = cfg.store.next_data_index()
     train_path = cfg.store.get_train_data_path(idx)
     val_path = cfg.store.get_val_data_path(idx) if val_df is not None else None
+    files = cfg.num_proc * cfg.partitions_per_process
     try:
-        write_parquet(train_df, cfg.store, train_path, cfg.num_proc, writer, row_bytes)
+        write_parquet(train_df, cfg.store, train_path, files, writer, row_bytes)
         if val_df is not None and val_path is not None:
-            write_parquet(val_df, cfg.store, val_path, cfg.num_proc, writer, row_bytes)
+            write_parquet(val_df, cfg.store, val_path, files, writer, row_bytes)
         data = describe_parquet(cfg, train_path, val_path)
     except BaseException:
         cfg.store.release_data_index(idx)  # this fit's claimed index only, never another's

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import numpy as np
@@ -65,7 +65,15 @@ def open_training(store: Store, path: str, **kwargs: Any) -> Any:
 
 
 def read_whole_shard(
-    store: Store, path: str, *, rank: int, size: int, columns: list[str], reader: str
+    store: Store,
+    path: str,
+    *,
+    rank: int,
+    size: int,
+    columns: list[str],
+    reader: str,
+    workers_count: int = 1,
+    pool_type: str = "thread",
 ) -> Batch:
     """This rank's shard held whole in memory (``inmemory_cache_all`` asks for it)."""
     return read_shard(
@@ -75,12 +83,16 @@ def read_whole_shard(
         columns=columns,
         reader=reader,
         storage_options=_options(store, path),
+        workers_count=workers_count,
+        pool_type=pool_type,
     )
 
 
 class ValidationShard:
     """This rank's validation shard, streamed: iterating it reads the shard once in
-    batches of ``batch_size`` rows (the last one shorter), at most ``steps`` of them.
+    batches of ``batch_size`` rows (the last one shorter), at most ``steps`` of them,
+    with ``workers_count`` reader workers of ``pool_type`` (``val_reader_num_workers``,
+    ``reader_pool_type``).
     ``rows`` is the shard's row count, ``len()`` its batch count, and ``batches_read``
     / ``rows_read`` count what the last pass read."""
 
@@ -95,8 +107,11 @@ class ValidationShard:
         reader: str,
         batch_size: int,
         steps: int | None = None,
+        workers_count: int = 1,
+        pool_type: str = "thread",
     ) -> None:
         self.store, self.path, self.rank, self.size = store, path, rank, size
+        self.workers_count, self.pool_type = workers_count, pool_type
         self.columns, self.batch_size, self.steps = columns, batch_size, steps
         self.reader = resolve_reader(reader)
         self.batches_read = 0
@@ -118,6 +133,8 @@ class ValidationShard:
             batch_size=self.batch_size,
             reader=self.reader,
             storage_options=_options(self.store, self.path),
+            workers_count=self.workers_count,
+            pool_type=self.pool_type,
         )
 
     def _count_rows(self) -> int:
@@ -144,7 +161,7 @@ class ValidationShard:
         batches = -(-self.rows // self.batch_size)
         return batches if self.steps is None else min(batches, self.steps)
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Generator[Batch, None, None]:
         self.batches_read = self.rows_read = 0
         with self._open() as shard:
             for batch in shard:

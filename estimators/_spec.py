@@ -40,6 +40,8 @@ class DataSpec:
     run_id: str
     sample_weight_col: str | None = None  # per-row weights of the loss
     transformation_fn: Any = None  # fn(batch) -> batch, on every batch
+    val_reader_workers: int = 1  # val_reader_num_workers
+    reader_pool: str = "thread"  # reader_pool_type
     fit_token: int = 0  # the driver's time_ns() as the fit started: orders fits of one run
 
 
@@ -65,6 +67,8 @@ def data_spec_fields(cfg: Any, data: Any) -> dict[str, Any]:
         "seed": cfg.seed,
         "reader": cfg.reader,
         "reader_workers": cfg.reader_workers,
+        "val_reader_workers": cfg.val_reader_workers,
+        "reader_pool": cfg.reader_pool,
         "backward_passes_per_step": cfg.backward_passes_per_step,
         "store": cfg.store,
         "run_id": cfg.run_id,

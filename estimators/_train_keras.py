@@ -9,7 +9,8 @@ Worker (``train_keras(spec)``), in small named steps:
    broadcast callback gives every rank rank 0's weights and optimizer state).
 3. ``model.fit`` on a ``tf.data`` pipeline over this rank's shard from
    ``ringcore.data.make_reader`` (sharded by rank, the same ``steps_per_epoch`` on
-   every rank), validating on the rank's validation shard; ``MetricAverageCallback``
+   every rank), validating on the rank's validation shard (streamed from the store
+   once per epoch, never held whole); ``MetricAverageCallback``
    averages the metrics over the ranks (each rank's validation mean weighs the same:
    the shards differ by one row at most); the user's ``callbacks`` (Keras callbacks)
    run after these, on every rank.
@@ -51,7 +52,7 @@ from pyspark.sql.types import ArrayType, DataType, DoubleType
 from ringcore.data import to_numpy_columns
 
 from ._progress import keras_progress_callbacks
-from ._readers import open_training, read_whole_shard
+from ._readers import ValidationShard, open_training
 from ._spec import DataSpec, data_spec_fields, writer
 from ._train_torch import _columns, _local_copies
 
@@ -279,24 +280,49 @@ def _dataset(spec: KerasTrainSpec, batches: Iterator[dict[str, np.ndarray]]) -> 
         for batch in batches:
             yield _arrays(spec, batch)
 
-    signature = tf.nest.map_structure(
-        lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.float32), first
-    )
-    dataset = tf.data.Dataset.from_generator(generate, output_signature=signature)
+    dataset = tf.data.Dataset.from_generator(generate, output_signature=_signature(first))
     return dataset.prefetch(spec.prefetch) if spec.prefetch > 0 else dataset
 
 
-def _validation(spec: KerasTrainSpec, local_path: str | None, rank: int, size: int) -> Any:
-    if local_path is None:
+def _signature(first: tuple) -> Any:
+    import tensorflow as tf
+
+    return tf.nest.map_structure(lambda a: tf.TensorSpec([None, *a.shape[1:]], tf.float32), first)
+
+
+def _validation(spec: KerasTrainSpec, path: str | None, rank: int, size: int) -> Any:
+    """This rank's validation shard as a ``tf.data.Dataset`` streamed from the store:
+    every evaluation (each epoch) reads the shard once more in ``val_batch_size``
+    batches (at most ``validation_steps_per_epoch`` of them), so memory holds a batch,
+    never the shard. The shapes come from a first batch; None for an empty shard."""
+    if path is None:
         return None
-    columns = _columns(spec)  # read in place from the store (held whole: Keras evaluates arrays)
-    data = read_whole_shard(
-        spec.store, local_path, rank=rank, size=size, columns=columns, reader=spec.reader
+    import tensorflow as tf
+
+    shard = ValidationShard(
+        spec.store,
+        path,
+        rank=rank,
+        size=size,
+        columns=_columns(spec),
+        reader=spec.reader,
+        batch_size=spec.val_batch_size,
+        steps=spec.val_steps,
+        workers_count=spec.val_reader_workers,
+        pool_type=spec.reader_pool,
     )
-    rows = len(data[spec.label_cols[0]])
-    if spec.val_steps is not None:
-        rows = min(rows, spec.val_steps * spec.val_batch_size)
-    return _arrays(spec, {k: v[:rows] for k, v in data.items()}) if rows else None
+    batches = shard.__iter__()  # a generator: closed as soon as its first batch is out
+    first = next(batches, None)
+    batches.close()  # the first pass stops here: its reader is closed
+    if first is None:
+        return None
+
+    def generate() -> Iterator[tuple]:
+        for batch in shard:  # a fresh pass over the shard each time Keras evaluates
+            yield _arrays(spec, batch)
+
+    signature = _signature(_arrays(spec, first))
+    return tf.data.Dataset.from_generator(generate, output_signature=signature)
 
 
 # --- worker: set-up, checkpoints, history -------------------------------------------------------
@@ -426,14 +452,14 @@ def train_keras(spec: KerasTrainSpec) -> list[dict[str, Any]] | None:
             shuffle=spec.shuffle,
             seed=spec.seed,
             workers_count=spec.reader_workers,
+            pool_type=spec.reader_pool,
         ) as reader:
             model.fit(
                 _dataset(spec, iter(reader)),
                 steps_per_epoch=spec.steps_per_epoch,
                 epochs=spec.epochs,
                 initial_epoch=start_epoch,
-                validation_data=val,
-                validation_batch_size=spec.val_batch_size,
+                validation_data=val,  # batched already: val_batch_size rows each
                 verbose=0,
                 shuffle=False,  # the reader shuffles (spec.shuffle); Keras cannot shuffle a stream
                 callbacks=[

@@ -233,13 +233,22 @@ def _load_validation(spec: TrainSpec, path: str | None) -> ValidationShard | Non
         reader=spec.reader,
         batch_size=spec.val_batch_size,
         steps=spec.val_steps,
+        workers_count=spec.val_reader_workers,
+        pool_type=spec.reader_pool,
     )
 
 
 def _load_shard(spec: TrainSpec, path: str) -> dict[str, np.ndarray]:
     rank, size = hvd.rank(), hvd.size()
     return read_whole_shard(
-        spec.store, path, rank=rank, size=size, columns=_columns(spec), reader=spec.reader
+        spec.store,
+        path,
+        rank=rank,
+        size=size,
+        columns=_columns(spec),
+        reader=spec.reader,
+        workers_count=spec.reader_workers,
+        pool_type=spec.reader_pool,
     )
 
 
@@ -602,6 +611,7 @@ def _epoch_batches(
             seed=_epoch_seed(spec, epoch, extra),
             num_epochs=num_epochs,
             workers_count=spec.reader_workers,
+            pool_type=spec.reader_pool,
         ) as reader:
             yield from reader
 

@@ -635,6 +635,8 @@ def read_shard(
     columns: Sequence[str],
     reader: str = "petastorm",
     storage_options: Options = None,
+    workers_count: int = 1,
+    pool_type: str = "thread",
 ) -> Batch:
     """Every row of this rank's shard, once, as ``{column: ndarray}`` (what
     :func:`iter_shard` streams, held whole: for ``inmemory_cache_all``)."""
@@ -646,6 +648,8 @@ def read_shard(
         batch_size=1,
         reader=reader,
         storage_options=storage_options,
+        workers_count=workers_count,
+        pool_type=pool_type,
     ) as shard:
         return _concat(shard._chunks, columns)
 

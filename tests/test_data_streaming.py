@@ -191,10 +191,12 @@ def test_bench_data_rss_measures_both_stores_and_writes_its_table_and_json(spark
     body = data_rss.report(tmp_path, env, runs, sizes, 1, quick=True)
     written = json.loads((tmp_path / "data_rss.json").read_text())
     assert written["benchmark"] == "data_rss" and written["targets"] == body["targets"]
-    assert {(r["store"], r["rows"]) for r in written["runs"] if r["cold"]} == {
-        (s, n) for s in ("local", "s3") for n in sizes
-    }
-    assert sum(not r["cold"] for r in written["runs"]) == 2  # 1 round x 2 stores
+    assert {(r["store"], r["rows"], r["files"]) for r in written["runs"] if r["cold"]} == {
+        (s, n, 1) for s in ("local", "s3") for n in sizes
+    } | {("local", sizes[-1], 10), ("s3", sizes[-1], 10)}
+    assert sum(not r["cold"] for r in written["runs"]) == 4  # 1 round x 2 stores x 2 layouts
+    files = {row[2] for row in written["table"]["rows"]}
+    assert files == {"2", "20"}  # partitions_per_process 1 and 10 on 2 workers
     assert all(r["peak_rss_mib"] > 0 and r["fit_s"] > 0 for r in written["runs"])
     assert [t["target"] for t in written["targets"]] == ["rss_flat", "remote_wall_time"]
     assert all(isinstance(t["met"], bool) for t in written["targets"])

@@ -136,6 +136,8 @@ def _cfg(model: torch.nn.Module, store: object) -> SimpleNamespace:
         seed=1,
         reader="arrow",
         reader_workers=1,
+        val_reader_workers=1,
+        reader_pool="thread",
         backward_passes_per_step=1,
         store=store,
         run_id="r",

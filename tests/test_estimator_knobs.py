@@ -245,11 +245,41 @@ def test_knobs_are_refused_before_any_job(frame, tmp_path):
         ({"custom_objects": {"x": 1}}, r"custom_objects=.*Keras"),
         ({"checkpoint_callback": object()}, r"checkpoint_callback=.*Keras.*restore_best_weights"),
         ({"train_minibatch_fn": _minibatch_fn("/tmp"), "gradient_clip_val": 1.0}, r"train_minibatch_fn.*gradient_clip_val"),
+        ({"reader_pool_type": "fork"}, r"reader_pool_type must be one of 'thread', 'process', 'dummy'; got 'fork'.*setReaderPoolType"),
+        ({"reader_pool_type": "process", "reader": "arrow"}, r"'process' is petastorm's process pool, but reader='arrow'.*setReaderPoolType\('thread'\)"),
+        ({"partitions_per_process": 0}, r"partitions_per_process.*setPartitionsPerProcess"),
+        ({"val_reader_num_workers": 0}, r"val_reader_num_workers.*setValReaderNumWorkers"),
     ]  # fmt: skip
     for extra, message in cases:
         with pytest.raises(ValueError, match=message):
             RingEstimator(**{**base, **extra}).fit(frame)
     assert not os.path.exists(tmp_path / "store" / "intermediate_train_data.0")
+
+
+@pytest.mark.parametrize(
+    ("reader", "pool"), [("arrow", "thread"), ("petastorm", "process"), ("petastorm", "dummy")]
+)
+def test_horovods_reader_params_shape_the_files_and_drive_both_readers(
+    frame, tmp_path, reader, pool
+):
+    """partitions_per_process writes num_proc x it files of each split; the pool and the
+    readers' worker counts reach both readers (petastorm's process pool included) and
+    the fit learns the same line as with the defaults."""
+    model = torch.nn.Linear(1, 1)
+    store = Store.create(str(tmp_path / "store"))
+    trained = RingEstimator(
+        num_proc=2, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.2),
+        loss=torch.nn.MSELoss(), feature_cols=["x"], label_cols=["y1"], validation="is_val",
+        batch_size=4, epochs=3, random_seed=3, verbose=0, store=store, reader=reader,
+        partitions_per_process=3, reader_pool_type=pool, train_reader_num_workers=2,
+        val_reader_num_workers=2,
+    ).fit(frame)  # fmt: skip
+    for split in ("train", "val"):
+        files = glob.glob(str(tmp_path / "store" / f"intermediate_{split}_data.0" / "*.parquet"))
+        assert len(files) == 2 * 3, (split, files)
+    history = trained.getHistory()
+    assert len(history) == 3 and history[-1]["val_loss"] < history[0]["val_loss"]
+    assert all(np.isfinite(e["val_loss"]) for e in history)
 
 
 def test_an_unfitted_estimator_in_a_pipeline_saves_and_loads(spark, tmp_path):

@@ -389,10 +389,13 @@ def test_horovod_params_with_a_clear_counterpart_are_mapped():
 def test_specific_horovod_params_say_what_to_do_instead():
     with pytest.raises(ValueError, match=r"backend.*spark_runner\.run.*num_proc"):
         RingEstimator(backend="SparkBackend")
-    with pytest.raises(ValueError, match=r"reader_pool_type.*thread pool"):
-        RingEstimator(reader_pool_type="process")
-    with pytest.raises(ValueError, match=r"partitions_per_process"):
-        RingEstimator(partitions_per_process=4)
+
+
+
+def test_horovods_reader_params_are_params_of_ours():
+    est = RingEstimator(reader_pool_type="process", partitions_per_process=4)
+    assert est.getReaderPoolType() == "process" and est.getPartitionsPerProcess() == 4
+    assert est.setValReaderNumWorkers(3).getValReaderNumWorkers() == 3
 
 
 def test_set_params_sets_several_params_with_the_constructors_checks():

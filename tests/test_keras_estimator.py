@@ -226,3 +226,36 @@ def test_the_workers_tf_data_pipeline_prefetches_the_knobs_batches(prefetch):
     buffer = getattr(dataset, "_buffer_size", None)  # tf.data's PrefetchDataset holds it
     assert (None if buffer is None else int(buffer)) == (prefetch or None)
     assert [x.shape for x, _ in dataset.take(2)] == [(4, 2), (4, 2)]
+
+
+@pytest.mark.parametrize(("steps", "batches"), [(None, [8, 8, 4]), (2, [8, 8])])
+def test_keras_validation_is_a_dataset_streamed_from_the_store_each_evaluation(
+    tmp_path, steps, batches
+):
+    """The validation shard reaches model.fit as a tf.data pipeline over the store
+    (ValidationShard), read again for every evaluation: never arrays held whole."""
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import tensorflow as tf
+
+    from estimators._train_keras import _validation
+
+    (tmp_path / "val").mkdir()
+    x = np.arange(40, dtype=np.float32).reshape(20, 2)
+    table = pa.table({"x": list(x), "y": np.arange(20, dtype=np.float32)})
+    pq.write_table(table, tmp_path / "val" / "part-00000.parquet", row_group_size=6)
+    spec = SimpleNamespace(
+        store=Store.create(str(tmp_path / "store")), feature_cols=["x"], label_cols=["y"],
+        sample_weight_col=None, transformation_fn=None, reader="arrow", val_batch_size=8,
+        val_steps=steps, val_reader_workers=2, reader_pool="thread",
+    )  # fmt: skip
+    val = _validation(spec, str(tmp_path / "val"), 0, 1)
+    assert isinstance(val, tf.data.Dataset)
+    for _ in range(2):  # two epochs' evaluations: the same rows, read afresh
+        seen = [(xb.numpy(), yb.numpy()) for xb, yb in val]
+        assert [len(yb) for _, yb in seen] == batches
+        ys = np.concatenate([yb for _, yb in seen])
+        assert ys.tolist() == list(range(sum(batches)))
+        assert seen[0][0].shape == (8, 2)
