@@ -21,6 +21,11 @@ REPORT_TIMEOUT_ENV_VAR = "RING_REPORT_TIMEOUT"
 DEFAULT_REPORT_TIMEOUT_S = 300.0
 
 # How long the driver waits for the other ranks' errors after the first failure (seconds).
+# how long the driver holds a checkpoint for ranks that have not called report() at all
+# yet in this attempt; then it commits without their shards
+CHECKPOINT_WAIT_ENV_VAR = "RING_CHECKPOINT_WAIT"
+DEFAULT_CHECKPOINT_WAIT_S = 30.0
+
 FAILURE_GRACE_ENV_VAR = "RING_FAILURE_GRACE"
 DEFAULT_FAILURE_GRACE_S = 2.0
 

@@ -320,7 +320,8 @@ def get_dataset_shard(name: str = "train") -> Any:
 
 def drain_reports() -> list[dict]:
     """Rank 0's queued reports; on rank 0 of a fixed group, then the others' progress
-    as one last item ``{"peers": {rank: {"report": n, "shards": {index: files}}}}``."""
+    as one last item ``{"peers": {rank: {"report": n, "shards": {index: files}}},
+    "size": world size}`` (ranks that have not reported yet are absent)."""
     out = []
     while True:
         try:
@@ -331,6 +332,6 @@ def drain_reports() -> list[dict]:
         peers = peers_progress()
     except (RuntimeError, OSError, ValueError):  # the store went away with the group
         peers = {}
-    if peers:
-        out.append({"peers": peers})
+    if _peers_of is not None and _peers_of[1] > 1:
+        out.append({"peers": peers, "size": _peers_of[1]})
     return out

@@ -80,6 +80,8 @@ class _Recorder(Callback):
 
 
 def _sharded_loop(config):
+    import time
+
     rank = ray_runner.get_context().get_world_rank()
     restored = ray_runner.get_checkpoint()
     start = 0
@@ -90,6 +92,8 @@ def _sharded_loop(config):
             shards = sorted(f for f in os.listdir(path) if f.startswith("shard-"))
         assert shards == ["shard-rank0.txt", "shard-rank1.txt"], shards
     for it in range(start, config["iterations"]):
+        if rank == 1:  # a slow rank: rank 0 reports each iteration well before it
+            time.sleep(config.get("rank1_delay_s", 0.0))
         with tempfile.TemporaryDirectory() as tmp:
             with open(os.path.join(tmp, f"shard-rank{rank}.txt"), "w") as fh:
                 fh.write(f"rank {rank} it {it}")
@@ -168,6 +172,35 @@ def test_s3_run_keeps_sharded_checkpoints_by_score_calls_callbacks_and_resumes(s
     ).fit()
     assert resumed.metrics == {"it": 4, "score": SCORES[0], "start": 4}
     assert resumed.checkpoint is not None and resumed.checkpoint.path.endswith("checkpoint_000004")
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(120)
+def test_a_slow_ranks_shard_is_in_every_checkpoint_even_the_first(ray_cluster, tmp_path):
+    """Rank 0 reports each checkpoint 1.5 s before rank 1 does, the first one included
+    (when the driver has seen no report of rank 1 yet): every committed checkpoint still
+    holds rank 1's shard, and no staged file is left behind."""
+    recorder = _Recorder()
+    result = RingTrainer(
+        _sharded_loop,
+        train_loop_config={"iterations": 2, "rank1_delay_s": 1.5},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(
+            name="slow", storage_path=str(tmp_path), callbacks=[recorder], verbose=0
+        ),
+    ).fit()
+    folders = sorted(f for f in os.listdir(tmp_path / "slow") if f.startswith("checkpoint_"))
+    assert folders == ["checkpoint_000000", "checkpoint_000001"]
+    for it, folder in enumerate(folders):
+        with open(tmp_path / "slow" / folder / "shard-rank1.txt") as fh:
+            assert fh.read() == f"rank 1 it {it}"
+    staged = [p for p in (tmp_path / "slow").rglob("*") if "shards" in p.parts and p.is_file()]
+    assert staged == []
+    assert [e for e in recorder.events if e[0] == "report"] == [
+        ("report", 0, True),
+        ("report", 1, True),
+    ]
+    assert result.checkpoint is not None and result.checkpoint.path.endswith("checkpoint_000001")
 
 
 class _NeverStarts(RayExecutor):
