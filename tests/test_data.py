@@ -238,13 +238,23 @@ def test_the_arrow_reader_reads_ahead_in_threads_and_stops_them_when_closed(ragg
 
 
 def test_remote_reads_turn_off_fsspecs_read_ahead_cache_unless_asked():
+    """A filesystem class taking ``default_cache_type`` (as s3fs, gcsfs and adlfs do;
+    registered here, so that every tested stack has one) gets "none" unless chosen."""
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
     from ringcore.data import _read_options
 
-    assert _read_options("s3://bucket/data", {"key": "k"}) == {
+    class Cached(MemoryFileSystem):
+        def __init__(self, *args, default_cache_type="readahead", **kwargs):
+            super().__init__(*args, **kwargs)
+
+    fsspec.register_implementation("ringcached", Cached, clobber=True)
+    assert _read_options("ringcached://bucket/data", {"key": "k"}) == {
         "key": "k",
         "default_cache_type": "none",
     }
     chosen = {"default_cache_type": "readahead", "default_block_size": 2**20}
-    assert _read_options("s3://bucket/data", chosen) == chosen
+    assert _read_options("ringcached://bucket/data", chosen) == chosen
     assert _read_options("/local/path", None) == {}
     assert _read_options("memory://x", None) == {}  # a filesystem without that option
