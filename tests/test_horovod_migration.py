@@ -391,7 +391,6 @@ def test_specific_horovod_params_say_what_to_do_instead():
         RingEstimator(backend="SparkBackend")
 
 
-
 def test_horovods_reader_params_are_params_of_ours():
     est = RingEstimator(reader_pool_type="process", partitions_per_process=4)
     assert est.getReaderPoolType() == "process" and est.getPartitionsPerProcess() == 4
