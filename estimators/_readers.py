@@ -24,9 +24,16 @@ import numpy as np
 
 from ringcore.data import iter_shard, make_reader, parquet_row_counts, read_shard, resolve_reader
 
+from ._spec import DataSpec
 from ._store import Store
 
-__all__ = ["ValidationShard", "data_paths", "open_training", "read_whole_shard"]
+__all__ = [
+    "ValidationShard",
+    "data_paths",
+    "open_training",
+    "read_whole_shard",
+    "validation_shard",
+]
 
 Batch = dict[str, np.ndarray]
 
@@ -170,3 +177,23 @@ class ValidationShard:
                 self.batches_read += 1
                 self.rows_read += len(next(iter(batch.values())))
                 yield batch
+
+
+def validation_shard(
+    spec: DataSpec, path: str, *, rank: int, size: int, columns: list[str]
+) -> ValidationShard:
+    """The rank's :class:`ValidationShard` of ``path`` as a fit's spec reads it:
+    ``val_batch_size`` batches, at most ``val_steps``, ``val_reader_num_workers``
+    workers of ``reader_pool_type`` (the torch, Lightning and Keras loops alike)."""
+    return ValidationShard(
+        spec.store,
+        path,
+        rank=rank,
+        size=size,
+        columns=columns,
+        reader=spec.reader,
+        batch_size=spec.val_batch_size,
+        steps=spec.val_steps,
+        workers_count=spec.val_reader_workers,
+        pool_type=spec.reader_pool,
+    )

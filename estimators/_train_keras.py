@@ -52,7 +52,7 @@ from pyspark.sql.types import ArrayType, DataType, DoubleType
 from ringcore.data import to_numpy_columns
 
 from ._progress import keras_progress_callbacks
-from ._readers import ValidationShard, open_training
+from ._readers import open_training, validation_shard
 from ._spec import DataSpec, data_spec_fields, writer
 from ._train_torch import _columns, _local_copies
 
@@ -299,18 +299,7 @@ def _validation(spec: KerasTrainSpec, path: str | None, rank: int, size: int) ->
         return None
     import tensorflow as tf
 
-    shard = ValidationShard(
-        spec.store,
-        path,
-        rank=rank,
-        size=size,
-        columns=_columns(spec),
-        reader=spec.reader,
-        batch_size=spec.val_batch_size,
-        steps=spec.val_steps,
-        workers_count=spec.val_reader_workers,
-        pool_type=spec.reader_pool,
-    )
+    shard = validation_shard(spec, path, rank=rank, size=size, columns=_columns(spec))
     batches = shard.__iter__()  # a generator: closed as soon as its first batch is out
     first = next(batches, None)
     batches.close()  # the first pass stops here: its reader is closed

@@ -34,7 +34,13 @@ from ._knobs import TrainingKnobs, best_and_wait, build_scheduler, is_plateau
 from ._lightning import LogRecorder
 from ._metrics import resolve_metrics
 from ._progress import abort_progress, torch_progress_callbacks
-from ._readers import ValidationShard, data_paths, open_training, read_whole_shard
+from ._readers import (
+    ValidationShard,
+    data_paths,
+    open_training,
+    read_whole_shard,
+    validation_shard,
+)
 from ._spec import DataSpec, writer
 
 __all__ = ["TrainSpec", "as_outputs", "to_device", "to_inputs", "train"]
@@ -224,18 +230,7 @@ def _load_validation(spec: TrainSpec, path: str | None) -> ValidationShard | Non
     """This rank's validation shard, streamed batch by batch each time it is iterated."""
     if path is None:
         return None
-    return ValidationShard(
-        spec.store,
-        path,
-        rank=hvd.rank(),
-        size=hvd.size(),
-        columns=_columns(spec),
-        reader=spec.reader,
-        batch_size=spec.val_batch_size,
-        steps=spec.val_steps,
-        workers_count=spec.val_reader_workers,
-        pool_type=spec.reader_pool,
-    )
+    return validation_shard(spec, path, rank=hvd.rank(), size=hvd.size(), columns=_columns(spec))
 
 
 def _load_shard(spec: TrainSpec, path: str) -> dict[str, np.ndarray]:
