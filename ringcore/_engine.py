@@ -5,6 +5,14 @@ coordinator (``_coordinator``); the engine's thread receives the coordinator's
 ordered responses and runs them on the backend — fused allreduces through one flat
 buffer — then resolves the handles. Every rank runs the same responses in the same
 order, so the backend's collectives always match.
+
+The fast lane: on a job whose ranks all share one host's shared-memory group, a caller
+that waits for an op (``synchronize``, a blocking op) while every op this rank has
+submitted is still queued here, each a cached allreduce, runs that whole batch in its
+own thread, fused as the coordinator would, without the coordinator, once every rank
+has voted for the same batch (``_shm_vote``); otherwise, and whenever the ranks
+disagree, the ops take the coordinator's path as above. While the lane can be taken,
+the sender thread waits for a cycle without new submissions before sending a burst.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from typing import Any
 import torch
 
 from . import _adasum
+from . import _config as cfg
 from ._auth import AuthenticationError
 from ._backends import Backend
 from ._cuda_streams import device_scope, mark_ready
@@ -47,6 +56,10 @@ from ._wire import HANDSHAKE_TIMEOUT_S, MessageTooLarge, connect_handshake
 __all__ = ["Engine", "Handle", "InputHandle", "dtype_name", "wait_handle"]
 
 log = logging.getLogger("ringtrain.ringcore.engine")
+
+#: on a fast-lane job, how long the sender thread waits after the last op was queued
+#: before it sends the queue to the coordinator (a waiting caller takes it first)
+LANE_IDLE_S = 0.005
 
 _COLLECTIVE_PHASE = {
     "allreduce": "ALLREDUCE",
@@ -124,8 +137,26 @@ class Engine:
         #: a blocking op sent at once from its caller's thread; response entries that
         #: came as bare ids; ops run through a fusion buffer with others
         self.stats = dict.fromkeys(
-            ("sent_full", "sent_cached", "sent_id", "sent_now", "entries_compact", "ops_fused"),
+            (
+                "sent_full",
+                "sent_cached",
+                "sent_id",
+                "sent_now",
+                "entries_compact",
+                "ops_fused",
+                "fast",
+            ),
             0,
+        )
+        #: the fast lane's proposals (None: not a one-host shared-memory job, or
+        #: RING_FAST_LANE=0); the execution lock: the backend is used by one thread at a
+        #: time (the engine's, or a caller running its op in the fast lane)
+        self.votes = _fast_lane_votes(backend, size)
+        self._exec_lock = threading.Lock()
+        self._fast_busy = False
+        self._queued_at = 0.0  # when the last op was queued (the sender's idle wait)
+        self.fusion_threshold = cfg.get_int(
+            cfg.FUSION_THRESHOLD_ENV_VAR, cfg.DEFAULT_FUSION_THRESHOLD
         )
         self.groups: dict[int, Any] = {0: None}
         self.members: dict[int, list[int]] = {0: list(range(size))}
@@ -172,6 +203,9 @@ class Engine:
         per op that a blocking op would pay for nothing); ``stats["sent_now"]`` counts
         them.
         """
+        if now and self.votes is not None:
+            self._queue(items, wake=False)  # the caller's wait takes the lane, or sends them
+            return
         if now:
             with self._send_lock:  # flush()'s order: the send lock, then the engine's
                 self._queue(items, wake=False)
@@ -193,9 +227,139 @@ class Engine:
                     )
                 self.pending[key] = handle
                 mark_ready(handle)
+                handle.req = req
                 self.outbox.append(self._compact(key, req, handle))
+            self._queued_at = time.perf_counter()
             if wake and len(self.outbox) == len(items):  # it was empty: wake the sender
                 self._outbox_ready.notify()
+
+    def _publish_busy(self) -> None:
+        """Tell the host's ranks how many ops this rank has in flight through the
+        coordinator (sent, not yet run; a join), under ``self._lock``; from 0 to more, an
+        open proposal aborts (``_shm_vote``)."""
+        if self.votes is not None:
+            sent = len(self.pending) - len(self.outbox)
+            self.votes.set_busy(sent + (self.join_handle is not None))
+
+    def _lane_batch(self) -> list[tuple[int, Handle]] | None:
+        """Every op of this rank, as (cache id, handle), when they may take the fast lane
+        (under ``self._lock``): all still queued here (none sent), each an allreduce of
+        the whole job on CPU whose name is cached with this call's fields; else None."""
+        if (
+            not self.outbox
+            or len(self.pending) != len(self.outbox)
+            or self.broken
+            or self.join_handle is not None
+            or self._fast_busy
+            or self.timeline.active
+        ):
+            return None
+        batch = []
+        for (ps, name), h in self.pending.items():
+            req = h.req
+            if (
+                ps != 0
+                or req is None
+                or req.kind != "allreduce"
+                or req.device != "cpu"
+                or req.group is not None
+                or req.op == ReduceOp.Adasum
+            ):
+                return None
+            cached = self.cache.get((0, name))
+            if cached is None or cached[1] != h.sig:
+                return None
+            learnt = self.cids.get(cached[0])
+            if learnt is None or learnt[1] != req.shape:
+                return None
+            batch.append((cached[0], h))
+        return batch
+
+    def _run_lane(self) -> bool:
+        """Run every queued op of this rank in this thread if every rank votes for the same
+        batch now (see the module's docstring); False: nothing was run."""
+        votes = self.votes
+        assert votes is not None
+        with self._lock:
+            batch = self._lane_batch()
+            if batch is None or not self._exec_lock.acquire(blocking=False):
+                return False  # not eligible, or the engine thread is running a batch
+            batch.sort(key=lambda ch: ch[0])
+            try:
+                pid = votes.propose(_batch_key([c for c, _ in batch]))
+            except BaseException:
+                self._exec_lock.release()
+                raise
+            if pid is None:
+                self._exec_lock.release()
+                return False
+            taken, self.outbox = self.outbox, []
+            for _, h in batch:
+                del self.pending[(0, h.name)]
+            self._fast_busy = True
+        try:
+            if not votes.wait(pid):
+                with self._lock:  # back in the queue, ahead of what came since
+                    broken = self.broken
+                    if broken is None:
+                        for _, h in batch:
+                            self.pending[(0, h.name)] = h
+                        self.outbox = taken + self.outbox
+                if broken is not None:  # the ring broke while they were out of the queue
+                    err = RingInternalError(f"rank {self.rank}: {broken}")
+                    for _, h in batch:
+                        h.resolve(error=err)
+                return False
+            self._run_batch(batch)
+            self.stats["fast"] += len(batch)
+            return True
+        finally:
+            with self._lock:
+                self._fast_busy = False
+            self._exec_lock.release()
+
+    def _run_batch(self, batch: list[tuple[int, Handle]]) -> None:
+        """Run a committed batch (sorted by cache id): allreduces of one dtype, op and
+        scale fused up to the fusion threshold, in the same order on every rank."""
+        groups: list[tuple[Request, list[Entry], list[Handle]]] = []
+        open_at: dict[tuple, int] = {}
+        sizes: list[int] = []
+        for cid, h in batch:
+            r = h.req
+            sig = (r.dtype, r.op, r.prescale, r.postscale)
+            nbytes = _ITEMSIZE.get(r.dtype, 8) * _numel(r.shape)
+            at = open_at.get(sig)
+            if at is None or sizes[at] + nbytes > self.fusion_threshold:
+                at = open_at[sig] = len(groups)
+                groups.append((r, [], []))
+                sizes.append(0)
+            groups[at][1].append(Entry(h.name, r.shape, cid))
+            groups[at][2].append(h)
+            sizes[at] += nbytes
+        self._kind = "allreduce"
+        for r, entries, hs in groups:
+            item = ResponseItem(
+                "allreduce",
+                0,
+                r.dtype,
+                tuple(entries),
+                op=r.op,
+                prescale=r.prescale,
+                postscale=r.postscale,
+                device="cpu",
+            )
+            try:
+                self._run_allreduce(item, list(hs))
+            except Exception as exc:
+                why = f"{type(exc).__name__}: {exc}"
+                err = RingInternalError(
+                    f"allreduce of {[e.name for e in entries]} failed on rank {self.rank}: {why}"
+                )
+                for _, h in batch:
+                    if not h.done.is_set():
+                        h.resolve(error=err)
+                self._break(f"a backend collective failed ({why})")
+                return
 
     def flush(self) -> None:
         """Send every queued request now (batches leave in the order they were queued)."""
@@ -206,6 +370,8 @@ class Engine:
         """``flush()`` under the send lock, which the caller holds."""
         with self._lock:
             batch, self.outbox = self.outbox, []
+            if batch:
+                self._publish_busy()  # before they leave: an open proposal aborts
         if batch:
             try:
                 self._send_requests(batch)
@@ -238,10 +404,14 @@ class Engine:
                 )
 
     def wait(self, handle: Any) -> None:
-        """Block until ``handle`` is done, sending queued requests first."""
-        if not handle.done.is_set():
-            self.flush()
-            handle.done.wait()
+        """Block until ``handle`` is done: through the fast lane when every rank votes for
+        this rank's queued batch, else sending queued requests first."""
+        if handle.done.is_set():
+            return
+        if self.votes is not None and self._run_lane() and handle.done.is_set():
+            return
+        self.flush()
+        handle.done.wait()
 
     def _sender(self) -> None:
         while not self.closed.is_set():
@@ -249,6 +419,13 @@ class Engine:
                 while not self.outbox and not self.closed.is_set():
                     self._outbox_ready.wait(1.0)
             time.sleep(self.cycle_time_s)  # let a burst of submissions gather
+            if self.votes is not None:
+                # the fast lane takes a whole burst when its caller waits: send only once
+                # no op has been queued for LANE_IDLE_S (ops submitted and left unwaited
+                # on still leave within that of the last one)
+                idle = max(self.cycle_time_s, LANE_IDLE_S)
+                while (left := self._queued_at + idle - time.perf_counter()) > 0:
+                    time.sleep(left)
             self.flush()
 
     def _compact(
@@ -276,6 +453,7 @@ class Engine:
             if self.broken:
                 raise RingInternalError(self.broken)
             self.join_handle = handle
+            self._publish_busy()
         self.flush()  # everything submitted before join() reaches the coordinator first
         with self._send_lock:
             self.channel.send(JoinRequest().to_wire())
@@ -294,11 +472,12 @@ class Engine:
                     return
                 tag = msg["t"]
                 if tag == ResponseBatch.TAG:
-                    self._t_resp = time.perf_counter()
-                    self.timeline.cycle(self._t_resp)
-                    for item in msg["items"]:
-                        self._execute(item)
-                    self.timeline.flush()
+                    with self._exec_lock:  # after a caller's committed fast-lane op
+                        self._t_resp = time.perf_counter()
+                        self.timeline.cycle(self._t_resp)
+                        for item in msg["items"]:
+                            self._execute(item)
+                        self.timeline.flush()
                 elif tag == Abort.TAG:
                     self._break(msg["msg"])
                     return
@@ -365,6 +544,9 @@ class Engine:
             self.pending.clear()
             join = self.join_handle
             self.join_handle = None
+        if self.votes is not None:
+            with contextlib.suppress(Exception):
+                self.votes.leave()  # no proposal opens again: this rank's ring is broken
         err = RingInternalError(f"rank {self.rank}: {why}")
         for h in handles:
             h.resolve(error=err)
@@ -373,7 +555,9 @@ class Engine:
 
     def _take(self, ps: int, name: str) -> Handle | None:
         with self._lock:
-            return self.pending.pop((ps, name), None)
+            handle = self.pending.pop((ps, name), None)
+            self._publish_busy()
+            return handle
 
     def _claim(self, ps: int, entries: tuple[Entry, ...]) -> list[Handle | None]:
         """Take the handles of ``entries`` (None: this rank joined, or the op was failed
@@ -392,6 +576,7 @@ class Engine:
                     self.cids[e.cache_id] = (e.name, e.shape, Entry(e.name, e.shape, e.cache_id))
                 if key not in self.cache and h is not None and h.sig is not None:
                     self.cache[key] = (e.cache_id, h.sig)
+            self._publish_busy()
             return handles
 
     def _execute(self, wire_item: dict) -> None:
@@ -401,6 +586,7 @@ class Engine:
         if kind == "join":
             with self._lock:
                 handle, self.join_handle = self.join_handle, None
+                self._publish_busy()
             if handle is not None:
                 handle.resolve(item.last)
             return
@@ -646,6 +832,9 @@ class Engine:
 
     # -- shutdown -------------------------------------------------------------------
     def close(self, timeout_s: float = 10.0) -> None:
+        if self.votes is not None:
+            with contextlib.suppress(Exception):
+                self.votes.leave()
         if not self.closed.is_set():
             self.flush()
             with contextlib.suppress(OSError), self._send_lock:
@@ -654,3 +843,43 @@ class Engine:
         with self._lock:
             self._outbox_ready.notify_all()
         self.channel.close()
+
+
+def _fast_lane_votes(backend: Backend, size: int) -> Any:
+    """The shared-memory group's proposals when every rank of the job is in it (a flat
+    plan), ``RING_FAST_LANE`` is not 0 and ``RING_AUTOTUNE`` is off; else None."""
+    if not cfg.get_bool(cfg.FAST_LANE_ENV_VAR, True) or cfg.get_bool(cfg.AUTOTUNE_ENV_VAR):
+        return None  # autotune tunes the coordinator's fusion and cycle: it must see the ops
+    shm = getattr(backend, "shm", None)
+    if getattr(backend, "mode", None) != "flat" or shm is None or shm.local_size != size:
+        return None
+    return getattr(shm, "votes", None)
+
+
+_ITEMSIZE = {
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "int8": 1,
+    "uint8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "bool": 1,
+    "complex64": 8,
+    "complex128": 16,
+}
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _batch_key(cids: list[int]) -> int:
+    """One int64 naming a batch of cache ids (sorted): the proposal's key. Hashes of int
+    tuples are the same in every process (no hash randomisation for ints)."""
+    return hash((len(cids), tuple(cids))) & ((1 << 62) - 1)

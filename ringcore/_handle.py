@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import threading
+import _thread
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,13 +20,43 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+class Done:
+    """A one-shot event (``threading.Event``'s ``is_set``/``set``/``wait``) made of one raw
+    lock: a handle is made for every op, and an ``Event`` (a condition, a lock and a
+    waiters' list) costs several times more to make, set and wait on."""
+
+    __slots__ = ("_flag", "_lock")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()  # held until set(): waiters block on it
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def set(self) -> None:
+        if not self._flag:
+            self._flag = True
+            with contextlib.suppress(RuntimeError):  # a concurrent set() released it first
+                self._lock.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._flag:
+            return True
+        if not self._lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            return self._flag
+        self._lock.release()  # let every other waiter through too
+        return True
+
+
 @dataclass
 class Handle:
     """What ``*_async`` returns: poll it, or ``synchronize`` it for the result."""
 
     name: str
     kind: str
-    done: threading.Event = field(default_factory=threading.Event)
+    done: Done = field(default_factory=Done)
     result: Any = None
     error: BaseException | None = None
     # execution state
@@ -33,6 +64,7 @@ class Handle:
     finish: Any = None  # callable(result) -> user result
     submitted: float = field(default_factory=time.perf_counter)
     sig: tuple | None = None  # the request's signature, for the response cache
+    req: Any = None  # the request as submitted (the fast lane reads its fields)
     event: Any = None  # CUDA: ready on the submitting stream after this event (see _cuda_streams)
 
     def resolve(self, result: Any = None, error: BaseException | None = None) -> None:
@@ -41,10 +73,12 @@ class Handle:
 
 
 def wait_handle(handle: Any) -> None:
-    """Wait for a handle of the running engine, sending its queued requests first."""
+    """Wait for a handle of the running engine (``Engine.wait``: the fast lane, or its
+    queued requests sent first)."""
     if handle.done.is_set():
         return
     state = _state.current
     if state is not None and state.engine is not None:
-        state.engine.flush()
+        state.engine.wait(handle)
+        return
     handle.done.wait()

@@ -8,6 +8,7 @@ segment's two banks; see ``ringcore._shm`` for why no trailing barrier is needed
 from __future__ import annotations
 
 import contextlib
+import os
 from array import array
 from typing import Any
 
@@ -17,6 +18,7 @@ from ._errors import RingError
 from ._shm_reduce import NUMEL, SPLITS_AT, Descriptor
 from ._shm_segment import BANKS, Mapping
 from ._shm_sync import Sync
+from ._shm_vote import MAX_RANKS, Votes
 
 __all__ = ["Rounds"]
 
@@ -33,8 +35,21 @@ class Rounds:
         self._ctrl = view[layout.ctrl_offset : layout.meta_offset].cast("q")
         words = BANKS * layout.local_size * layout.meta_words
         self._meta = view[layout.meta_offset : layout.meta_offset + 8 * words].cast("q")
+        self._hdr = view[:64].cast("q")
         view.release()
         self._sync = Sync(self._ctrl, local_rank, layout.local_size, mapping.token, sock)
+        self._lock_fd = mapping.lock_fd
+        #: the fast lane's proposals (``_shm_vote``); None where they cannot work
+        self.votes: Votes | None = None
+        if mapping.lock_fd >= 0 and layout.local_size <= MAX_RANKS:
+            self.votes = Votes(
+                self._hdr,
+                self._ctrl,
+                local_rank,
+                layout.local_size,
+                mapping.lock_fd,
+                self._sync.pids,
+            )
         data = torch.frombuffer(
             self._mm, dtype=torch.uint8, count=BANKS * layout.bank_bytes, offset=layout.data_offset
         )
@@ -127,7 +142,12 @@ class Rounds:
         self._sync.close()
         self._typed.clear()
         self._banks.clear()
+        self.votes = None
         self._ctrl.release()
         self._meta.release()
+        self._hdr.release()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
         with contextlib.suppress(BufferError):  # a view still alive: the GC unmaps it later
             self._mm.close()

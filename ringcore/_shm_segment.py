@@ -9,14 +9,19 @@ completes the group unlinks the file and says so. From then on the segment lives
 as long as some rank maps it: a SIGKILLed rank leaves nothing in ``/dev/shm``. A rank
 that fails during the handshake unlinks the file too (ignoring one already gone).
 
+Each rank keeps its own open file description of the segment (``Mapping.lock_fd``):
+``flock`` on it is the group's one cross-process mutex (the fast lane's proposals), and
+the kernel releases it when a rank dies holding it.
+
 We open and ``mmap`` the file directly instead of using
 ``multiprocessing.shared_memory``, whose resource tracker would warn about (or unlink)
 the segment when a process exits.
 
 Layout (all offsets 64-byte aligned, int64 words)::
 
-    [0, 64)              header: magic, version, local_size, slot_bytes
-    [64, 64 + 64 L)      one control line per rank: seq, pid, sleeping, closed
+    [0, 64)              header: magic, version, local_size, slot_bytes, then the
+                         fast lane's proposal: id, cache id, voters, state (``_shm_vote``)
+    [64, 64 + 64 L)      one control line per rank: seq, pid, sleeping, closed, busy
     meta                 2 banks x L ranks x meta_words: each op's descriptor
     data (4 KiB aligned) 2 banks x L slots of slot_bytes
 """
@@ -50,7 +55,7 @@ __all__ = [
 SHM_ENV_VAR = "RING_SHM"
 DEFAULT_SLOT_BYTES = 1 << 20  # measured best of 256 KiB .. 4 MiB (16 MB allreduce, 2 ranks)
 MAGIC = 0x52494E4753484D31  # "RINGSHM1"
-VERSION = 1
+VERSION = 2  # 2: the header carries the fast lane's proposal
 CTRL_WORDS = 8  # one 64-byte line per rank
 META_FIXED = 24  # descriptor words before the alltoall splits
 BANKS = 2
@@ -121,6 +126,7 @@ class Mapping:
     mm: mmap.mmap
     token: str
     layout: Layout
+    lock_fd: int = -1  # this rank's own open file description of the segment, for flock
 
 
 def _segment_name(prefix: str, token: str) -> str:
@@ -163,7 +169,8 @@ def _create_file(shm_dir: str, name: str, size: int) -> int | None:
     return fd
 
 
-def _map(fd: int, layout: Layout) -> mmap.mmap:
+def _map(fd: int, layout: Layout) -> tuple[mmap.mmap, int]:
+    """The mapping, and a duplicate of ``fd`` kept for ``flock`` (``fd`` itself is closed)."""
     try:
         size = os.fstat(fd).st_size
         if size != layout.size:
@@ -172,7 +179,8 @@ def _map(fd: int, layout: Layout) -> mmap.mmap:
                 f"{layout.local_size}, slot_bytes={layout.slot_bytes} need {layout.size}; "
                 "pass the same local_size and slot_bytes on every local rank."
             )
-        return mmap.mmap(fd, layout.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        mm = mmap.mmap(fd, layout.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        return mm, os.dup(fd)
     finally:
         os.close(fd)
 
@@ -222,6 +230,7 @@ def map_segment(
     the wake-up socket) and count in; return once the file is unlinked. None: no room."""
     keys = f"{prefix}/shm/name", f"{prefix}/shm/mapped", f"{prefix}/shm/unlinked"
     path = ""
+    mapping: Mapping | None = None
     try:
         if local_rank == 0:
             mapping = _create(store, keys[0], prefix, layout, shm_dir, free_space)
@@ -234,7 +243,8 @@ def map_segment(
                 log.debug("local rank 0 found no room in %s; using the network path", shm_dir)
                 return None
             path = os.path.join(shm_dir, _segment_name(prefix, token.decode()))
-            mapping = Mapping(_map(os.open(path, os.O_RDWR), layout), token.decode(), layout)
+            mm, lock_fd = _map(os.open(path, os.O_RDWR), layout)
+            mapping = Mapping(mm, token.decode(), layout, lock_fd)
             _check_header(mapping.mm, layout)
         on_mapped(mapping.mm, mapping.token)
         if store.add(keys[1], 1) == layout.local_size:
@@ -245,6 +255,8 @@ def map_segment(
     except BaseException:
         if path:
             _unlink(path)
+        if mapping is not None and mapping.lock_fd >= 0:
+            os.close(mapping.lock_fd)
         raise
 
 
@@ -268,10 +280,15 @@ def _create(
         return None
     path = os.path.join(shm_dir, _segment_name(prefix, token))
     try:
-        mm = _map(fd, layout)
-        _write_header(mm, layout)
+        mm, lock_fd = _map(fd, layout)
     except BaseException:
         _unlink(path)
         raise
+    try:
+        _write_header(mm, layout)
+    except BaseException:
+        _unlink(path)
+        os.close(lock_fd)
+        raise
     store.set(key, token)
-    return Mapping(mm, token, layout)
+    return Mapping(mm, token, layout, lock_fd)

@@ -3,6 +3,8 @@ as its bare cache id both ways and agrees without the field-by-field comparison,
 shape or dtype under a cached name falls back to the full request (and a disagreement
 still raises on every rank), async ops in different orders still match, and a joined rank
 reads bare ids too. Observed through ``Engine.stats`` and ``Coordinator.stats``, never time.
+The ranks run with ``RING_FAST_LANE=0``: on one host a blocking cached op would otherwise
+skip the coordinator altogether (tests/test_fast_lane.py covers that lane).
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ def _control_path_worker() -> dict:
 
 @pytest.fixture(scope="module")
 def results():
-    return run_workers(_control_path_worker, np=2, timeout=120)
+    return run_workers(_control_path_worker, np=2, timeout=120, env={"RING_FAST_LANE": "0"})
 
 
 def test_a_repeated_name_travels_as_its_bare_cache_id_and_agrees_by_id(results):

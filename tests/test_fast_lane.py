@@ -1,0 +1,419 @@
+"""The fast lane (``ringcore._shm_vote`` and ``Engine._run_fast``): a blocking allreduce of
+a cached name, on a one-host job whose ranks all share the shared-memory group, runs in
+the caller's thread once every rank has voted for it, without the coordinator.
+
+Real ranks (``run_workers``: spawned processes, Gloo, the shared-memory group). Each
+case checks the results against values computed here, and the engine's counters say
+which path the ops took; the same program with ``RING_FAST_LANE=0`` must give the same
+results. The rules themselves are also checked in one process on a real segment file,
+two ranks' views side by side (``flock`` excludes two open file descriptions even in one
+process).
+"""
+
+from __future__ import annotations
+
+import glob
+import mmap
+import os
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+
+from ringcore import WorkerError
+from ringcore._shm_vote import ABORTED, COMMITTED, GONE, H_STATE, OPEN, Votes
+from ringcore.testing import run_workers
+
+# ---- the rules, on a segment file in one process ----------------------------------------
+
+
+@pytest.fixture
+def two_views(tmp_path):
+    """Two ranks' Votes over one 4 KiB file (header line + 2 control lines), each with its
+    own open file description for the lock, as two processes would have."""
+    path = tmp_path / "seg"
+    path.write_bytes(bytes(4096))
+    fds = [os.open(path, os.O_RDWR) for _ in range(3)]
+    mm = mmap.mmap(fds[2], 4096)
+    hdr = memoryview(mm)[:64].cast("q")
+    ctrl = memoryview(mm)[64:192].cast("q")
+    pids = {0: os.getpid(), 1: os.getpid()}
+    views = [
+        Votes(hdr, ctrl, r, 2, fds[r], {j: p for j, p in pids.items() if j != r}) for r in (0, 1)
+    ]
+    yield views, hdr, ctrl
+    hdr.release()
+    ctrl.release()
+    mm.close()
+    for fd in fds:
+        os.close(fd)
+
+
+def test_a_proposal_commits_when_every_rank_votes_for_the_same_op(two_views):
+    (a, b), hdr, _ = two_views
+    pid = a.propose(7)
+    assert pid is not None and hdr[H_STATE] == OPEN
+    assert b.propose(7) == pid and hdr[H_STATE] == COMMITTED
+    assert a.wait(pid) and b.wait(pid)
+
+
+def test_ranks_voting_for_different_ops_abort_and_neither_runs_it(two_views):
+    (a, b), hdr, _ = two_views
+    pid = a.propose(7)
+    assert b.propose(8) is None and hdr[H_STATE] == ABORTED
+    assert a.wait(pid) is False
+
+
+def test_an_op_submitted_through_the_coordinator_aborts_an_open_proposal(two_views):
+    (a, b), hdr, _ = two_views
+    pid = a.propose(7)
+    b.set_busy(1)  # b submitted an op the coordinator orders
+    assert hdr[H_STATE] == ABORTED and a.wait(pid) is False
+    # and while b has it in flight, no proposal opens: a must take the coordinator's path
+    assert a.propose(7) is None
+    b.set_busy(0)
+    assert a.propose(7) is not None
+
+
+def test_a_rank_that_left_aborts_the_proposal_and_no_new_one_opens(two_views):
+    (a, b), hdr, ctrl = two_views
+    pid = a.propose(7)
+    b.leave()
+    assert hdr[H_STATE] == ABORTED and a.wait(pid) is False
+    assert ctrl[8 + 4] == GONE and a.propose(7) is None
+
+
+def test_a_voter_waiting_for_a_late_rank_gives_up_after_its_bound(two_views):
+    (a, _b), hdr, _ = two_views
+    pid = a.propose(7)
+    t0 = time.monotonic()
+    assert a.wait(pid, give_up_s=0.1) is False
+    assert 0.09 < time.monotonic() - t0 < 2.0 and hdr[H_STATE] == ABORTED
+
+
+def test_a_waiter_learns_a_commit_made_by_another_thread(two_views):
+    (a, b), _, _ = two_views
+    pid = a.propose(3)
+    later = threading.Timer(0.05, lambda: b.propose(3))
+    later.start()
+    try:
+        assert a.wait(pid, give_up_s=5.0) is True
+    finally:
+        later.join()
+
+
+# ---- real ranks -------------------------------------------------------------------------
+
+
+def _blocking_worker(fast: str) -> dict:
+    import torch
+
+    import ringcore._state as st
+    import ringcore.torch as hvd
+
+    os.environ["RING_FAST_LANE"] = fast
+    hvd.init()
+    try:
+        r, n = hvd.rank(), hvd.size()
+        out = {}
+        for dt in (torch.float32, torch.float64, torch.int32, torch.bfloat16):
+            for op in ("Sum", "Average", "Min", "Max"):
+                if op == "Average" and not dt.is_floating_point:
+                    continue
+                for it in range(4):  # the first is negotiated in full, the rest cached
+                    x = (torch.arange(300, dtype=torch.float64) % 7 + r + it).to(dt)
+                    out[f"{dt}/{op}/{it}"] = hvd.allreduce(
+                        x, name=f"b.{dt}.{op}", op=getattr(hvd, op)
+                    )
+        for it in range(3):
+            x = torch.full((5, 3), float(r + 1))
+            out[f"scaled/{it}"] = hvd.allreduce(
+                x, name="scaled", op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25
+            )
+            y = torch.full((4,), float(r + it))
+            hvd.allreduce_(y, name="inplace", op=hvd.Sum)
+            out[f"inplace/{it}"] = y
+        eng = st.current.engine
+        return {
+            "rank": r,
+            "size": n,
+            "out": {k: v.double().tolist() for k, v in out.items()},
+            "fast": eng.stats["fast"],
+            "votes": dict(eng.votes.stats) if eng.votes is not None else None,
+        }
+    finally:
+        hvd.shutdown()
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_blocking_cached_allreduces_take_the_fast_lane_and_match_the_coordinators_path(np_):
+    fast = run_workers(_blocking_worker, np=np_, args=("1",), timeout=240)
+    slow = run_workers(_blocking_worker, np=np_, args=("0",), timeout=240)
+    import torch
+
+    n = np_
+    for res_fast, res_slow in zip(fast, slow):
+        assert res_fast["out"] == res_slow["out"]  # bit for bit: the same arithmetic
+        assert res_slow["fast"] == 0 and res_slow["votes"] is None
+        assert res_fast["fast"] >= 40  # most cached ops ran in the fast lane
+    # and they are right (checked against sums made here)
+    for key, val in fast[0]["out"].items():
+        if key.startswith("scaled/"):
+            assert val == [[2.0 * sum(r + 1 for r in range(n)) * 0.25] * 3] * 5
+        elif key.startswith("inplace/"):
+            it = int(key.split("/")[1])
+            assert val == [float(sum(r + it for r in range(n)))] * 4
+        elif "/Sum/" in key and "float32" in key:
+            it = int(key.split("/")[-1])
+            base = torch.arange(300, dtype=torch.float64) % 7
+            assert val == (sum(base + r + it for r in range(n))).tolist()
+
+
+def _mixed_worker() -> dict:
+    """Ranks mixing async ops through the coordinator with blocking cached ops, in an
+    order that differs by rank; two threads per rank submit at once."""
+    import torch
+
+    import ringcore._state as st
+    import ringcore.torch as hvd
+
+    hvd.init()
+    try:
+        r, n = hvd.rank(), hvd.size()
+        errors: list[str] = []
+        got: dict = {}
+
+        def side(tag: str) -> None:
+            try:
+                for it in range(30):
+                    got[f"{tag}/{it}"] = hvd.allreduce(
+                        torch.full((64,), float(r + it)), name=f"side.{tag}", op=hvd.Sum
+                    ).tolist()
+            except Exception as exc:  # pragma: no cover - reported below
+                errors.append(repr(exc))
+
+        t = threading.Thread(target=side, args=("t",))
+        t.start()
+        handles = {}
+        for it in range(30):
+            if it % 3 == r % 3:  # rank r queues async op a.<it // 3> at its own iterations
+                j = it // 3
+                handles[j] = hvd.allreduce_async(
+                    torch.full((8,), float(j)), name=f"a.{j}", op=hvd.Sum
+                )
+            got[f"blk/{it}"] = hvd.allreduce(
+                torch.full((16,), float(it)), name="blk", op=hvd.Sum
+            ).tolist()
+        for j, h in handles.items():
+            got[f"async/{j}"] = hvd.synchronize(h).tolist()
+        t.join()
+        return {"got": got, "errors": errors, "fast": st.current.engine.stats["fast"], "n": n}
+    finally:
+        hvd.shutdown()
+
+
+def test_async_ops_other_threads_and_blocking_ops_in_another_order_never_mix_up():
+    results = run_workers(_mixed_worker, np=2, timeout=240)
+    for res in results:
+        assert res["errors"] == []
+        got, n = res["got"], res["n"]
+        for it in range(30):
+            assert got[f"blk/{it}"] == [float(it * n)] * 16
+            assert got[f"t/{it}"] == [float(sum(r + it for r in range(n)))] * 64
+        # the ranks queued each async op at different iterations, while blocking ops ran
+        for j in range(10):
+            assert got[f"async/{j}"] == [float(j * n)] * 8
+    assert any(res["fast"] > 0 for res in results)
+
+
+def _late_rank_worker() -> dict:
+    import torch
+
+    import ringcore._state as st
+    import ringcore.torch as hvd
+
+    hvd.init()
+    try:
+        r = hvd.rank()
+        x = torch.ones(32)
+        for _ in range(3):
+            hvd.allreduce(x, name="late", op=hvd.Sum)
+        if r == 1:
+            time.sleep(1.6)  # past the voter's bound: rank 0 takes the coordinator's path
+        t0 = time.monotonic()
+        y = hvd.allreduce(x, name="late", op=hvd.Sum)
+        waited = time.monotonic() - t0
+        z = hvd.allreduce(x * 3, name="late", op=hvd.Sum)  # and the lane works again
+        return {
+            "y": y.tolist(),
+            "z": z.tolist(),
+            "waited": waited,
+            "aborted": st.current.engine.votes.stats["aborted"],
+        }
+    finally:
+        hvd.shutdown()
+
+
+def test_a_rank_late_past_the_voters_bound_still_gets_the_right_result():
+    res = run_workers(_late_rank_worker, np=2, timeout=120)
+    for r in res:
+        assert r["y"] == [2.0] * 32 and r["z"] == [6.0] * 32
+    assert res[0]["aborted"] >= 1 and res[0]["waited"] > 1.0
+
+
+def _join_worker() -> dict:
+    import torch
+
+    import ringcore.torch as hvd
+
+    hvd.init()
+    try:
+        r = hvd.rank()
+        x = torch.ones(8)
+        for _ in range(3):
+            hvd.allreduce(x, name="j", op=hvd.Sum)
+        outs = []
+        if r == 0:
+            last = hvd.join()
+        else:
+            for _ in range(4):  # rank 0 has joined: its share is zeros, as in Horovod
+                outs.append(hvd.allreduce(x, name="j", op=hvd.Sum).tolist())
+            last = hvd.join()
+        return {"outs": outs, "last": last}
+    finally:
+        hvd.shutdown()
+
+
+def test_blocking_ops_while_a_rank_has_joined_run_through_the_coordinator():
+    res = run_workers(_join_worker, np=2, timeout=120)
+    assert res[1]["outs"] == [[1.0] * 8] * 4
+    assert res[0]["last"] == res[1]["last"]
+
+
+def _shape_change_worker() -> dict:
+    import torch
+
+    import ringcore.torch as hvd
+
+    hvd.init()
+    try:
+        r = hvd.rank()
+        for _ in range(3):
+            hvd.allreduce(torch.ones(6), name="s", op=hvd.Sum)
+        try:
+            hvd.allreduce(torch.ones(6 + r), name="s", op=hvd.Sum)  # the ranks disagree
+            return {"error": None}
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        hvd.shutdown()
+
+
+def test_ranks_disagreeing_on_a_cached_ops_shape_get_the_mismatch_error():
+    res = run_workers(_shape_change_worker, np=2, timeout=120)
+    for r in res:
+        assert r["error"] is not None and "shape" in r["error"].lower(), r
+
+
+def _killed_in_lane_worker() -> dict:
+    import torch
+
+    import ringcore.torch as hvd
+
+    hvd.init()
+    x = torch.ones(16)
+    for _ in range(5):
+        hvd.allreduce(x, name="k", op=hvd.Sum)
+    if hvd.rank() == 1:
+        time.sleep(0.3)  # rank 0 is waiting for this rank's vote
+        os.kill(os.getpid(), signal.SIGKILL)
+    t0 = time.monotonic()
+    try:
+        for _ in range(5):
+            hvd.allreduce(x, name="k", op=hvd.Sum)
+        return {"error": None}
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}", "after_s": time.monotonic() - t0}
+
+
+def test_a_rank_sigkilled_while_its_peer_waits_for_its_vote_fails_the_peer_fast():
+    prefix = f"fastlane-{uuid.uuid4().hex[:10]}"
+    res = run_workers(
+        _killed_in_lane_worker,
+        np=2,
+        env={"RING_STORE_PREFIX": prefix},
+        timeout=120,
+        return_exceptions=True,
+    )
+    assert isinstance(res[1], WorkerError)
+    assert res[0]["error"] is not None and "rank 1" in res[0]["error"], res[0]
+    assert res[0]["after_s"] < 2.3  # 0.3 s before the kill, then < 2 s
+    assert glob.glob(f"/dev/shm/ringshm-{prefix}*") == []
+
+
+def _burst_worker() -> dict:
+    """Bursts of async allreduces, submitted in a different order on each rank, then
+    waited on: the whole burst is one batch of the lane. Then bursts that differ between
+    the ranks when the first wait comes, and an op nobody waits on (polled)."""
+    import torch
+
+    import ringcore._state as st
+    import ringcore.torch as hvd
+
+    hvd.init()
+    try:
+        r, n = hvd.rank(), hvd.size()
+        eng = st.current.engine
+        order = list(range(120))
+        if r % 2:
+            order.reverse()
+        results = []
+        for it in range(4):
+            hs = {
+                i: hvd.allreduce_async(
+                    torch.full((i % 7 + 1,), float(i + r + it)), name=f"burst.{i}", op=hvd.Sum
+                )
+                for i in order
+            }
+            results.append({i: hvd.synchronize(h).tolist() for i, h in sorted(hs.items())})
+        fast_bursts = eng.stats["fast"]
+        # the ranks' batches differ at the first wait: rank 0 has one op more queued
+        extra = None
+        if r == 0:
+            extra = hvd.allreduce_async(torch.ones(3), name="uneven.extra", op=hvd.Sum)
+        h = hvd.allreduce_async(torch.ones(5), name="uneven.main", op=hvd.Sum)
+        uneven = hvd.synchronize(h).tolist()
+        if r != 0:
+            extra = hvd.allreduce_async(torch.ones(3), name="uneven.extra", op=hvd.Sum)
+        extra_out = hvd.synchronize(extra).tolist()
+        # an op nobody waits on still completes (the sender sends it)
+        p = hvd.allreduce_async(torch.ones(2), name="polled", op=hvd.Sum)
+        t0 = time.monotonic()
+        while not hvd.poll(p):
+            assert time.monotonic() - t0 < 30, "a polled op never completed"
+            time.sleep(0.001)
+        return {
+            "results": results,
+            "n": n,
+            "fast_bursts": fast_bursts,
+            "uneven": uneven,
+            "extra": extra_out,
+            "polled": hvd.synchronize(p).tolist(),
+        }
+    finally:
+        hvd.shutdown()
+
+
+def test_async_bursts_in_different_orders_run_as_one_batch_and_uneven_ones_still_agree():
+    res = run_workers(_burst_worker, np=2, timeout=240)
+    for out in res:
+        n = out["n"]
+        for it, burst in enumerate(out["results"]):
+            for i, val in burst.items():
+                assert val == [float(sum(i + r + it for r in range(n)))] * (i % 7 + 1)
+        assert out["uneven"] == [float(n)] * 5 and out["extra"] == [float(n)] * 3
+        assert out["polled"] == [float(n)] * 2
+    # the first burst is negotiated in full; most later ones take the lane whole
+    assert any(out["fast_bursts"] >= 120 for out in res)
