@@ -8,7 +8,10 @@ order swapped every round; see ``bench/_common.py``):
 - 1000 async 4 KB: 1000 ``allreduce_async`` of 1024 float32 then ``synchronize`` of
   every handle (ours), against 1000 sequential ``all_reduce`` calls (raw).
 
-A round's figure is its slowest rank's. Beside the wall times, the CPU time of each
+Ours runs twice: as it is (on one host a repeated op takes the fast lane, no
+coordinator) and with the lane switched off on every rank between the same barriers
+("ours, coordinator path": the requests go to rank 0's coordinator, as before the
+lane). A round's figure is its slowest rank's. Beside the wall times, the CPU time of each
 rank's process (every thread) per op: on a loaded machine the wall time is mostly
 waiting for a core, while the CPU time is the work the control path costs. The ratios ours/raw are what the targets of
 issue 21 name (blocking <= 0.25x raw, 1000 async <= 0.025x raw sequential), and what
@@ -19,7 +22,8 @@ engine's cached fast path (``Engine.stats``).
 control path timestamped on both ranks (``time.perf_counter`` is CLOCK_MONOTONIC, one
 clock for every process of a host), medians over the ops, relative to the later rank's
 call (the op cannot start before it). It wraps engine and coordinator methods in the
-workers, so its totals are a little above the plain run's. Usage:
+workers, so its totals are a little above the plain run's; it runs with
+``RING_FAST_LANE=0`` (the coordinator's path, which every op not in the lane takes). Usage:
 
     python bench/control_path.py [--quick] [--rounds N] [--out DIR]
     python bench/control_path.py --stages [--ops N] [--rounds N] [--out DIR]
@@ -34,8 +38,14 @@ import _common as common
 
 from ringcore.testing import run_workers
 
-PEERS = ("ours", "raw")
+PEERS = ("ours", "coord", "raw")
 N_ASYNC = 1000
+
+
+def _engine():
+    from ringcore import _state
+
+    return _state.current.engine
 
 
 def _worker(n_block: int, rounds: int) -> dict:
@@ -66,6 +76,22 @@ def _worker(n_block: int, rounds: int) -> dict:
         for t in xs:
             dist.all_reduce(t)
 
+    eng = _engine()
+    lane = eng.votes
+
+    def coordinator_path(fn):
+        """``fn`` with the fast lane off on this rank (every rank switches between the
+        same barriers): ours' ops through rank 0's coordinator, as before the lane."""
+
+        def run() -> None:
+            eng.votes = None
+            try:
+                fn()
+            finally:
+                eng.votes = lane
+
+        return run
+
     def timed(fn) -> tuple[float, float]:
         """Wall time, and CPU time of this process's every thread (less at the mercy of a
         loaded machine's scheduler than the wall time: it counts work, not waiting)."""
@@ -79,7 +105,11 @@ def _worker(n_block: int, rounds: int) -> dict:
     out: dict = {f"{p}/{w}{c}": [] for p in PEERS for w in ("block", "async") for c in ("", "/cpu")}
     for order in common.orders(PEERS, rounds):
         for peer in order:
-            block, many = (ours_block, ours_async) if peer == "ours" else (raw_block, raw_async)
+            block, many = {
+                "ours": (ours_block, ours_async),
+                "coord": (coordinator_path(ours_block), coordinator_path(ours_async)),
+                "raw": (raw_block, raw_async),
+            }[peer]
             for work, fn, per in (("block", block, n_block), ("async", many, 1)):
                 wall, cpu = timed(fn)
                 out[f"{peer}/{work}"].append(wall / per)
@@ -171,7 +201,9 @@ def _stages(n_ops: int, rounds: int, out_dir, quick: bool) -> int:
     import statistics
 
     env = common.environment()
-    res = run_workers(_stages_worker, np=2, args=(n_ops * rounds,), timeout=600)
+    res = run_workers(
+        _stages_worker, np=2, args=(n_ops * rounds,), timeout=600, env={"RING_FAST_LANE": "0"}
+    )
     per_round = [_stage_offsets(res, range(k * n_ops, (k + 1) * n_ops)) for k in range(rounds)]
     s = {
         key: common.summary(statistics.median(rnd[key]) for rnd in per_round if key in rnd)
@@ -254,29 +286,33 @@ def main(argv: list[str] | None = None) -> int:
         for w in ("block", "async", "block/cpu", "async/cpu")
     }
     t = common.table(
-        ["workload", "ours", "raw Gloo", "ours / raw"],
+        ["workload", "ours", "ours, coordinator path", "raw Gloo", "ours / raw"],
         [
             [
                 "blocking 4 KB allreduce (us per op)",
                 common.spread(s["ours/block"], 1e6),
+                common.spread(s["coord/block"], 1e6),
                 common.spread(s["raw/block"], 1e6),
                 common.spread(ratio["block"]),
             ],
             [
                 f"{N_ASYNC} async 4 KB allreduces (ms)",
                 common.spread(s["ours/async"], 1e3),
+                common.spread(s["coord/async"], 1e3),
                 common.spread(s["raw/async"], 1e3),
                 common.spread(ratio["async"]),
             ],
             [
                 "blocking 4 KB: CPU of all threads (us per op)",
                 common.spread(s["ours/block/cpu"], 1e6),
+                common.spread(s["coord/block/cpu"], 1e6),
                 common.spread(s["raw/block/cpu"], 1e6),
                 common.spread(ratio["block/cpu"]),
             ],
             [
                 f"{N_ASYNC} async 4 KB: CPU of all threads (ms)",
                 common.spread(s["ours/async/cpu"], 1e3),
+                common.spread(s["coord/async/cpu"], 1e3),
                 common.spread(s["raw/async/cpu"], 1e3),
                 common.spread(ratio["async/cpu"]),
             ],

@@ -60,6 +60,9 @@ log = logging.getLogger("ringtrain.ringcore.engine")
 #: on a fast-lane job, how long the sender thread waits after the last op was queued
 #: before it sends the queue to the coordinator (a waiting caller takes it first)
 LANE_IDLE_S = 0.005
+#: a fused allreduce of up to this many tensors goes straight into the shared-memory
+#: segment (one copy per tensor each way); more are flattened first (one C call)
+SLOT_FUSION_MAX = 64
 
 _COLLECTIVE_PHASE = {
     "allreduce": "ALLREDUCE",
@@ -145,6 +148,7 @@ class Engine:
                 "entries_compact",
                 "ops_fused",
                 "fast",
+                "ops_in_slot",
             ),
             0,
         )
@@ -690,7 +694,7 @@ class Engine:
             else self._neutral(e, dtype, op, item.device)
             for h, e in zip(handles, item.entries)
         ]
-        for h, e in zip(handles, item.entries):
+        for h, e in zip(handles, item.entries) if self.timeline.active else ():
             self._span(h, e.name, "QUEUE", h.submitted if h else t_start, t_start)
         inputs = [type(h) is InputHandle for h in handles]
         if op == ReduceOp.Adasum or (len(bufs) == 1 and inputs[0]):
@@ -727,18 +731,36 @@ class Engine:
     ) -> list[torch.Tensor]:
         """Allreduce ``bufs`` through one flat buffer (the tensor itself when alone);
         the results: ``bufs``, but a new tensor for each of ``inputs`` (a caller's input,
-        left as it is; never alone)."""
+        left as it is; never alone). A backend with ``allreduce_list`` (the shared-memory
+        plane) takes up to ``SLOT_FUSION_MAX`` of them straight into its segment: no flat
+        copy in or out."""
+        lister = getattr(self.backend, "allreduce_list", None)
+        if lister is not None and 1 < len(bufs) <= SLOT_FUSION_MAX:
+            srcs = [b if b.is_contiguous() else b.contiguous() for b in bufs]
+            dsts = [torch.empty_like(x) if keep else x for x, keep in zip(srcs, inputs)]
+            if lister(srcs, dsts, op, item.prescale, item.postscale, group):
+                self.stats["ops_fused"] += len(bufs)
+                self.stats["ops_in_slot"] += len(bufs)
+                t2 = time.perf_counter()
+                for h, e in zip(handles, item.entries) if self.timeline.active else ():
+                    self._span(h, e.name, "ALLREDUCE", t_start, t2)
+                out = []
+                for b, x, d, keep in zip(bufs, srcs, dsts, inputs):
+                    if not keep and x is not b:
+                        b.copy_(d)  # a non-contiguous tensor: reduced in a copy
+                    out.append(d if keep else b)
+                return out
         if len(bufs) == 1:
             flat, t1 = bufs[0].view(-1), time.perf_counter()
         else:
             flat = _flatten(bufs)  # one copy into the fusion buffer, no view per tensor
             self.stats["ops_fused"] += len(bufs)
             t1 = time.perf_counter()
-            for h, e in zip(handles, item.entries):
+            for h, e in zip(handles, item.entries) if self.timeline.active else ():
                 self._span(h, e.name, "MEMCPY_IN_FUSION_BUFFER", t_start, t1)
         self._reduce(flat, item, op, group)
         t2 = time.perf_counter()
-        for h, e in zip(handles, item.entries):
+        for h, e in zip(handles, item.entries) if self.timeline.active else ():
             self._span(h, e.name, "ALLREDUCE", t1, t2)
         if len(bufs) > 1:
             views = _unflatten(flat, bufs)
@@ -752,7 +774,7 @@ class Engine:
                 fresh = iter(outs)
                 bufs = [next(fresh) if keep else b for b, keep in zip(bufs, inputs)]
             t3 = time.perf_counter()
-            for h, e in zip(handles, item.entries):
+            for h, e in zip(handles, item.entries) if self.timeline.active else ():
                 self._span(h, e.name, "MEMCPY_OUT_FUSION_BUFFER", t2, t3)
         return bufs
 

@@ -104,6 +104,28 @@ def _rows(tensor: torch.Tensor, what: str) -> int:
     return tensor.shape[0]
 
 
+def _bounds(ts: list[torch.Tensor], what: str) -> tuple[list[tuple[int, int, torch.Tensor]], int]:
+    """Each tensor's [start, end) in the concatenation of ``ts`` (flat views), and its length."""
+    out, at = [], 0
+    for t in ts:
+        flat = _flat(t, what)
+        out.append((at, at + flat.numel(), flat))
+        at += flat.numel()
+    return out, at
+
+
+def _pieces(bounds: list[tuple[int, int, torch.Tensor]], lo: int, hi: int):
+    """The parts of the tensors in ``bounds`` within [lo, hi) of the concatenation: (start,
+    end, the view of that part), in order."""
+    for start, end, t in bounds:
+        if end <= lo:
+            continue
+        if start >= hi:
+            break
+        a, b = max(start, lo), min(end, hi)
+        yield a, b, t[a - start : b - start]
+
+
 class ShmGroup(Rounds):
     """The local ranks of one host, joined through one shared-memory segment.
 
@@ -190,6 +212,67 @@ class ShmGroup(Rounds):
             self._allreduce_chunk(flat[lo : lo + per], rop, words, prescale, postscale)
             words = None
         return tensor
+
+    def allreduce_list_(
+        self,
+        srcs: list[torch.Tensor],
+        dsts: list[torch.Tensor],
+        op: ReduceOp | int | str = ReduceOp.Sum,
+        prescale: float = 1.0,
+        postscale: float = 1.0,
+    ) -> None:
+        """Reduce the concatenation of ``srcs`` (contiguous, one dtype) over the local
+        ranks into ``dsts`` (the same sizes; a dst may be its src), with no flat copy of
+        them: the segment's slot is the fusion buffer. Each chunk of the concatenation is
+        written into this rank's slot piece by piece and read back likewise; the rounds,
+        chunks and arithmetic are those of :meth:`allreduce_` on the concatenation, so
+        the results are the same bits."""
+        src_at, n = _bounds(srcs, "allreduce_list_")
+        dst_at, m = _bounds(dsts, "allreduce_list_")
+        if m != n or any(d.dtype != srcs[0].dtype for d in dsts):
+            raise ValueError("allreduce_list_ needs dsts of the srcs' sizes and dtype")
+        dtype = srcs[0].dtype
+        rop = resolve(op, dtype)
+        words: list[int] | None = Descriptor.words(
+            "allreduce", torch.empty((n,), dtype=dtype, device="meta"), int(rop)
+        )
+        size, item = self.local_size, srcs[0].element_size()
+        per = self.layout.slot_bytes // item
+        if n * item <= self.small_bytes and n <= per:
+            bank = self._begin(words)
+            slots = self._slots(bank, dtype)
+            for a, b, v in _pieces(src_at, 0, n):
+                _write_scaled(slots[self.local_rank][a:b], v, prescale)
+            self._exchange("allreduce", bank)
+            for a, b, d in _pieces(dst_at, 0, n):
+                d.copy_(slots[0][a:b])
+                for j in range(1, size):
+                    reduce_into_(d, slots[j][a:b], rop)
+                finish_(d, rop, size, postscale)
+            return
+        me = self.local_rank
+        for lo in range(0, max(n, 1), per):
+            hi = min(n, lo + per)
+            bank = self._begin(words)
+            slots = self._slots(bank, dtype)
+            for a, b, v in _pieces(src_at, lo, hi):
+                _write_scaled(slots[me][a - lo : b - lo], v, prescale)
+            if words is not None:
+                self._exchange("allreduce", bank)
+            else:
+                self._barrier("allreduce")
+            words = None
+            ranges = _split(hi - lo, size, max(1, 64 // item))
+            a, b = ranges[me]
+            acc = slots[me][a:b]
+            for j in range(size):
+                if j != me:
+                    reduce_into_(acc, slots[j][a:b], rop)
+            finish_(acc, rop, size, postscale)
+            self._barrier("allreduce")
+            for j, (a, b) in enumerate(ranges):
+                for x, y, d in _pieces(dst_at, lo + a, lo + b):
+                    d.copy_(slots[j][x - lo : y - lo])
 
     def _write_and_meet(
         self, part: torch.Tensor, words: list[int] | None, prescale: float

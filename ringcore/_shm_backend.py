@@ -259,6 +259,25 @@ class ShmBackend:
             t.copy_(x)
         return None
 
+    def allreduce_list(
+        self,
+        srcs: list[torch.Tensor],
+        dsts: list[torch.Tensor],
+        op: ReduceOp,
+        prescale: float,
+        postscale: float,
+        group: Any,
+    ) -> bool:
+        """A fused allreduce of the whole world (``srcs`` -> ``dsts``, contiguous, one
+        dtype) through the segment's slot as the fusion buffer, with the prescale, the
+        Average division and the postscale done there too; False: not ours (the engine
+        flattens and calls :meth:`allreduce`). Decided by facts equal on every rank."""
+        if self.mode != "flat" or op not in _SHM_OPS or not self._ours(srcs[0], group):
+            return False
+        self.stats["shm"] += 1
+        self.shm.allreduce_list_(srcs, dsts, op, prescale, postscale)
+        return True
+
     def _hierarchical(self, flat: torch.Tensor, op: ReduceOp) -> None:
         """Reduce-scatter in the host, allreduce of this rank's slice across the hosts
         (the ranks with this local rank), allgather in the host."""

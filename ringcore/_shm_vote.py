@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
 import time
 
 from ._shm_sync import _alive
@@ -83,6 +84,7 @@ class Votes:
             raise ValueError(f"the fast lane holds at most {MAX_RANKS} local ranks, got {size}")
         self.hdr, self.ctrl, self.me, self.size = header, ctrl, me, size
         self.lock_fd = lock_fd
+        self._thread_lock = threading.Lock()
         self.pids = pids
         self.bit = 1 << me
         self.all = (1 << size) - 1
@@ -93,11 +95,15 @@ class Votes:
     # -- the lock --------------------------------------------------------------------
     @contextlib.contextmanager
     def _locked(self):
-        fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+        """The host's mutex: ``flock`` excludes the other ranks (their own open file
+        descriptions), the thread lock this rank's other threads (``flock`` on one
+        description does not exclude threads sharing it)."""
+        with self._thread_lock:
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
 
     def _abort_open(self) -> None:
         """Abort the open proposal, if one is (the lock is held)."""

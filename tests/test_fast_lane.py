@@ -417,3 +417,76 @@ def test_async_bursts_in_different_orders_run_as_one_batch_and_uneven_ones_still
         assert out["polled"] == [float(n)] * 2
     # the first burst is negotiated in full; most later ones take the lane whole
     assert any(out["fast_bursts"] >= 120 for out in res)
+
+
+def _fused_worker(shm: str) -> dict:
+    """Fused batches through the segment's slot (``ShmGroup.allreduce_list_``) against
+    the same ops on Gloo (flattened): in-place and new-tensor results, Average and
+    scale factors, a tensor spanning several chunks of a 16 KiB slot, integers."""
+    import torch
+
+    import ringcore._state as st
+    import ringcore.torch as hvd
+    from ringcore._shm_backend import ShmBackend
+
+    ShmBackend.slot_bytes = 16 << 10
+    os.environ["RING_SHM"] = shm
+    hvd.init()
+    try:
+        r = hvd.rank()
+        out = {}
+        for it in range(3):
+            for dt in (torch.float32, torch.int32):
+                sizes = [5, 300, 9000, 1, 64]
+                xs = [((torch.arange(n) % 5) + r + it).to(dt) for n in sizes]
+                ops = [("Sum", 1.0, 1.0), ("Sum", 2.0, 0.5)]
+                if dt.is_floating_point:
+                    ops.append(("Average", 1.0, 1.0))
+                for op, pre, post in ops:
+                    key = f"{dt}/{op}/{pre}"
+                    hs = [
+                        hvd.allreduce_async(
+                            x,
+                            name=f"f.{key}.{k}",
+                            op=getattr(hvd, op),
+                            prescale_factor=pre,
+                            postscale_factor=post,
+                        )
+                        for k, x in enumerate(xs)
+                    ]
+                    ins = [x.clone() for x in xs]
+                    hs_in = [
+                        hvd.allreduce_async_(
+                            x,
+                            name=f"i.{key}.{k}",
+                            op=getattr(hvd, op),
+                            prescale_factor=pre,
+                            postscale_factor=post,
+                        )
+                        for k, x in enumerate(ins)
+                    ]
+                    outs = [hvd.synchronize(h) for h in hs] + [hvd.synchronize(h) for h in hs_in]
+                    assert all(
+                        torch.equal(a, b)
+                        for a, b in zip(
+                            xs, [((torch.arange(n) % 5) + r + it).to(dt) for n in sizes]
+                        )
+                    )  # inputs untouched
+                    out[f"{key}/{it}"] = [o.tolist() for o in outs]
+        backend = st.current.engine.backend
+        return {
+            "out": out,
+            "stats": dict(getattr(backend, "stats", {})),
+            "in_slot": st.current.engine.stats["ops_in_slot"],
+        }
+    finally:
+        hvd.shutdown()
+
+
+def test_fused_batches_through_the_segments_slot_match_gloos_flattened_results():
+    on = run_workers(_fused_worker, np=3, args=("1",), timeout=240)
+    off = run_workers(_fused_worker, np=3, args=("0",), timeout=240)
+    for a, b in zip(on, off):
+        assert a["out"] == b["out"]
+        assert a["stats"]["network"] == 0 and a["stats"]["shm"] > 0
+        assert a["in_slot"] >= 3 * 5 * 2 * 5 and b["in_slot"] == 0

@@ -158,7 +158,49 @@ def _input_handle(name: str, tensor: torch.Tensor) -> Handle:
 # -- allreduce ----------------------------------------------------------------------
 
 
+#: requests already made, by everything they hold: a request is immutable, and a
+#: training loop submits the same few hundred every step (cleared when it grows past
+#: _REQUESTS_MAX: names made fresh for every call never repeat)
+_requests: dict[tuple, Request] = {}
+_REQUESTS_MAX = 4096
+
+
 def _allreduce_req(
+    tensor, name, op, prescale_factor, postscale_factor, process_set, what, group=None
+):
+    if (
+        group is None
+        and op != ReduceOp.Adasum  # its check depends on the job's size
+        and type(tensor) is torch.Tensor
+        and tensor.dim() <= _MAX_DIMS
+        and (process_set is None or type(process_set) is ProcessSet)
+    ):
+        key = (
+            name,
+            tensor.dtype,
+            tensor.shape,
+            tensor.device.type,
+            op,
+            prescale_factor,
+            postscale_factor,
+            process_set,
+        )
+        req = _requests.get(key)
+        if req is not None and check_process_set(process_set, what) == req.process_set:
+            return req
+        req = _allreduce_req_made(
+            tensor, name, op, prescale_factor, postscale_factor, process_set, what
+        )
+        if len(_requests) >= _REQUESTS_MAX:
+            _requests.clear()
+        _requests[key] = req
+        return req
+    return _allreduce_req_made(
+        tensor, name, op, prescale_factor, postscale_factor, process_set, what, group
+    )
+
+
+def _allreduce_req_made(
     tensor, name, op, prescale_factor, postscale_factor, process_set, what, group=None
 ):
     _check_tensor(tensor, what)
