@@ -735,7 +735,11 @@ class Engine:
         plane) takes up to ``SLOT_FUSION_MAX`` of them straight into its segment: no flat
         copy in or out."""
         lister = getattr(self.backend, "allreduce_list", None)
-        if lister is not None and 1 < len(bufs) <= SLOT_FUSION_MAX:
+        if (
+            lister is not None
+            and 1 < len(bufs) <= SLOT_FUSION_MAX
+            and all(b.dtype == bufs[0].dtype for b in bufs)  # a group may mix dtypes
+        ):
             srcs = [b if b.is_contiguous() else b.contiguous() for b in bufs]
             dsts = [torch.empty_like(x) if keep else x for x, keep in zip(srcs, inputs)]
             if lister(srcs, dsts, op, item.prescale, item.postscale, group):

@@ -490,3 +490,37 @@ def test_fused_batches_through_the_segments_slot_match_gloos_flattened_results()
         assert a["out"] == b["out"]
         assert a["stats"]["network"] == 0 and a["stats"]["shm"] > 0
         assert a["in_slot"] >= 3 * 5 * 2 * 5 and b["in_slot"] == 0
+
+
+def _timeline_burst_worker() -> list:
+    import torch
+
+    import ringcore.torch as hvd
+
+    hvd.init()
+    try:
+        r = hvd.rank()
+        out = []
+        for _ in range(3):
+            hs = [
+                hvd.allreduce_async(torch.full((9,), float(r + i)), name=f"tl.{i}")
+                for i in range(6)
+            ]
+            out.append([hvd.synchronize(h).tolist() for h in hs])
+        return out
+    finally:
+        hvd.shutdown()
+
+
+def test_a_timeline_on_rank_0_only_does_not_split_the_ranks_between_paths(tmp_path):
+    """Only rank 0 writes the timeline: nothing the ranks route by may depend on it (a
+    fused Average once went through the segment on one rank and not the other)."""
+    res = run_workers(
+        _timeline_burst_worker,
+        np=2,
+        env={"RING_TIMELINE": str(tmp_path / "t.json")},
+        timeout=120,
+    )
+    for out in res:
+        for burst in out:
+            assert burst == [[float(i) + 0.5] * 9 for i in range(6)]  # Average of r + i
