@@ -45,6 +45,7 @@ from ._protocol import (
     ResponseItem,
     decode_message,
     disagreement,
+    nbytes,
 )
 from ._wire import HANDSHAKE_TIMEOUT_S, Channel, VersionMismatch, accept_handshake, encode
 
@@ -54,20 +55,6 @@ log = logging.getLogger("ringtrain.ringcore.coordinator")
 #: handshakes in flight at once beyond the ranks' own: a flood of strangers is hung up
 #: on (and counted in ``refused``) instead of costing a thread each
 SPARE_HANDSHAKES = 64
-_ITEMSIZE = {
-    "float16": 2,
-    "bfloat16": 2,
-    "float32": 4,
-    "float64": 8,
-    "int8": 1,
-    "uint8": 1,
-    "int16": 2,
-    "int32": 4,
-    "int64": 8,
-    "bool": 1,
-    "complex64": 8,
-    "complex128": 16,
-}
 
 
 @dataclass
@@ -435,10 +422,7 @@ class Coordinator:
         self._broadcast(ResponseBatch(tuple(items)))
         if self.autotuner is not None:
             moved = sum(
-                _ITEMSIZE.get(i.dtype, 8) * _numel(e.shape)
-                for i in items
-                if i.kind == "allreduce"
-                for e in i.entries
+                nbytes(i.dtype, e.shape) for i in items if i.kind == "allreduce" for e in i.entries
             )
             if self.autotuner.record(moved):
                 self.cfg.fusion_threshold, self.cfg.cycle_time_s = self.autotuner.current()
@@ -466,14 +450,14 @@ class Coordinator:
                     items.append(fused)
                 fused.entries.append(meta)
                 continue
-            nbytes = _ITEMSIZE.get(req.dtype, 8) * _numel(req.shape)
+            size = nbytes(req.dtype, req.shape)
             sig = (ps, req.dtype, req.op, req.prescale, req.postscale, req.device)
             fused = open_fusion.get(sig)
-            if fused is None or (fused.nbytes + nbytes > self.cfg.fusion_threshold):
+            if fused is None or (fused.nbytes + size > self.cfg.fusion_threshold):
                 fused = open_fusion[sig] = _Fused(req, ps)
                 items.append(fused)
             fused.entries.append(meta)
-            fused.nbytes += nbytes
+            fused.nbytes += size
         return [i.item() if isinstance(i, _Fused) else i for i in items]
 
     def _item(self, ps: int, req: Request, reqs: dict[int, Request], meta: Entry) -> ResponseItem:
@@ -608,10 +592,3 @@ class _Fused:
             postscale=r.postscale,
             device=r.device,  # a joined rank makes its zeros on this device type
         )
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n

@@ -48,6 +48,7 @@ from ._protocol import (
     RequestBatch,
     ResponseBatch,
     ResponseItem,
+    nbytes,
 )
 from ._reduction import average_, neutral_fill, scale_
 from ._timeline import Timeline
@@ -331,15 +332,15 @@ class Engine:
         for cid, h in batch:
             r = h.req
             sig = (r.dtype, r.op, r.prescale, r.postscale)
-            nbytes = _ITEMSIZE.get(r.dtype, 8) * _numel(r.shape)
+            size = nbytes(r.dtype, r.shape)
             at = open_at.get(sig)
-            if at is None or sizes[at] + nbytes > self.fusion_threshold:
+            if at is None or sizes[at] + size > self.fusion_threshold:
                 at = open_at[sig] = len(groups)
                 groups.append((r, [], []))
                 sizes.append(0)
             groups[at][1].append(Entry(h.name, r.shape, cid))
             groups[at][2].append(h)
-            sizes[at] += nbytes
+            sizes[at] += size
         self._kind = "allreduce"
         for r, entries, hs in groups:
             item = ResponseItem(
@@ -880,29 +881,6 @@ def _fast_lane_votes(backend: Backend, size: int) -> Any:
     if getattr(backend, "mode", None) != "flat" or shm is None or shm.local_size != size:
         return None
     return getattr(shm, "votes", None)
-
-
-_ITEMSIZE = {
-    "float16": 2,
-    "bfloat16": 2,
-    "float32": 4,
-    "float64": 8,
-    "int8": 1,
-    "uint8": 1,
-    "int16": 2,
-    "int32": 4,
-    "int64": 8,
-    "bool": 1,
-    "complex64": 8,
-    "complex128": 16,
-}
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _batch_key(cids: list[int]) -> int:

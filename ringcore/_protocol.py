@@ -39,6 +39,7 @@ __all__ = [
     "decode_message",
     "decode_request",
     "disagreement",
+    "nbytes",
 ]
 
 # The root of an op that has none (every op but broadcast): one value for every builder.
@@ -475,3 +476,29 @@ def disagreement(name: str, reqs: dict[int, Request]) -> str | None:
             "Every rank must pass a tensor of the same shape."
         )
     return None
+
+
+#: bytes per element of each dtype the protocol names (unknown ones count 8)
+ITEMSIZE = {
+    "float16": 2,
+    "bfloat16": 2,
+    "float32": 4,
+    "float64": 8,
+    "int8": 1,
+    "uint8": 1,
+    "int16": 2,
+    "int32": 4,
+    "int64": 8,
+    "bool": 1,
+    "complex64": 8,
+    "complex128": 16,
+}
+
+
+def nbytes(dtype: str, shape: tuple[int, ...]) -> int:
+    """The bytes of a tensor of ``dtype`` (as the protocol names it) and ``shape``: what
+    fusion counts against the threshold, on the coordinator and in the fast lane."""
+    n = ITEMSIZE.get(dtype, 8)
+    for d in shape:
+        n *= d
+    return n
