@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 from ringcore import RingError
@@ -203,13 +204,15 @@ def run_stage(spark: Any, payload: bytes, spec: TaskSpec) -> list[bytes]:
     tag = f"ringtrain-{uuid.uuid4().hex[:12]}"
     spark.addTag(tag)
     try:
-        frame = spark.range(0, num_proc, 1, num_proc).mapInArrow(
-            make_arrow_task(payload, spec), RESULT_SCHEMA, barrier=True
-        )
-        # Spark reruns a failed barrier stage only before a shuffle
-        if retries_configured(
+        retried = retries_configured(
             _conf(spark, "spark.master", ""), spark.conf.get("spark.task.maxFailures", None)
-        ):
+        )
+        frame = spark.range(0, num_proc, 1, num_proc).mapInArrow(
+            make_arrow_task(payload, replace(spec, all_or_none=retried)),
+            RESULT_SCHEMA,
+            barrier=True,
+        )
+        if retried:  # Spark reruns a failed barrier stage only before a shuffle
             frame = frame.repartition(1)
         table = frame.toArrow()
     except BaseException as exc:

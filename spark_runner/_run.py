@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import cloudpickle
@@ -333,9 +334,10 @@ def _plain_keyboard_interrupt():
 
 
 def _collect(sc: Any, payload: bytes, spec: TaskSpec) -> list[bytes]:
+    retried = retries_configured(sc.master, sc.getConf().get("spark.task.maxFailures"))
     rdd = sc.parallelize(range(spec.num_proc), spec.num_proc).barrier()
-    stage = rdd.mapPartitions(make_barrier_task(payload, spec))
-    if retries_configured(sc.master, sc.getConf().get("spark.task.maxFailures")):
+    stage = rdd.mapPartitions(make_barrier_task(payload, replace(spec, all_or_none=retried)))
+    if retried:
         stage = stage.map(lambda blob: (0, blob)).partitionBy(1).values()
     return stage.collect()
 

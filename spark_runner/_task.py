@@ -45,6 +45,9 @@ class TaskSpec:
     timestamps: bool = False
     use_gpu: bool | None = None
     topology_hosts: tuple[str, ...] = ()  # seam: fake hosts per rank, for local/cross ranks
+    # Spark reruns the stage on a failure (a cluster manager's retries): a task finishes
+    # only once every task has, so none of them succeeds beside a failed peer.
+    all_or_none: bool = False
 
 
 def gpu_env(ctx: Any, use_gpu: bool | None, local_rank: int) -> dict[str, str]:
@@ -135,6 +138,12 @@ def make_barrier_task(payload: bytes, spec: TaskSpec):
                     time.sleep(SECONDARY_FAILURE_DELAY_S)
                 err = WorkerError.from_exception(rank, host, exc)
                 raise RuntimeError(encode_worker_error(err, spec.secret)) from None
+        if spec.all_or_none:
+            # A retried barrier stage reruns only the partitions with no output: a task
+            # that succeeded just after a peer failed would leave the rerun one task short,
+            # its first allGather waiting for ever. Wait here until every task has done;
+            # when a peer fails instead, Spark kills this task and reruns them all.
+            ctx.barrier()
         yield cloudpickle.dumps((rank, result))
 
     return task
