@@ -35,6 +35,8 @@ from ._protocol import (
     CachedId,
     CachedRequest,
     Entry,
+    Fusion,
+    FusionBuckets,
     Goodbye,
     Heartbeat,
     JoinRequest,
@@ -432,9 +434,9 @@ class Coordinator:
     def _build_items(self, keys: list[tuple[int, str]]) -> list[ResponseItem]:
         """The response items for ``keys`` (ready ops, in order): allreduces of one
         dtype/op/scale/device fused up to the threshold, a group's allreduces together."""
-        items: list[ResponseItem | _Fused] = []
-        open_fusion: dict[tuple, _Fused] = {}
-        groups: dict[tuple, _Fused] = {}
+        items: list[ResponseItem | Fusion] = []
+        buckets = FusionBuckets(self.cfg.fusion_threshold)
+        groups: dict[tuple, Fusion] = {}
         for key in keys:
             entry = self.pending.pop(key)
             ps = key[0]
@@ -446,19 +448,16 @@ class Coordinator:
             if req.group is not None:
                 fused = groups.get((ps, req.group))
                 if fused is None:
-                    fused = groups[(ps, req.group)] = _Fused(req, ps)
+                    fused = groups[(ps, req.group)] = Fusion(req, ps)
                     items.append(fused)
                 fused.entries.append(meta)
                 continue
-            size = nbytes(req.dtype, req.shape)
             sig = (ps, req.dtype, req.op, req.prescale, req.postscale, req.device)
-            fused = open_fusion.get(sig)
-            if fused is None or (fused.nbytes + size > self.cfg.fusion_threshold):
-                fused = open_fusion[sig] = _Fused(req, ps)
+            fused, fresh = buckets.place(sig, req, ps)
+            if fresh:
                 items.append(fused)
             fused.entries.append(meta)
-            fused.nbytes += size
-        return [i.item() if isinstance(i, _Fused) else i for i in items]
+        return [i.item() if isinstance(i, Fusion) else i for i in items]
 
     def _item(self, ps: int, req: Request, reqs: dict[int, Request], meta: Entry) -> ResponseItem:
         """The response item of one op that is not an allreduce."""
@@ -569,26 +568,3 @@ class Coordinator:
                     age,
                     missing,
                 )
-
-
-@dataclass
-class _Fused:
-    """An allreduce item being filled: ops of one dtype/op/scale/device (or one group)."""
-
-    req: Request
-    process_set: int
-    entries: list[Entry] = field(default_factory=list)
-    nbytes: int = 0
-
-    def item(self) -> ResponseItem:
-        r = self.req
-        return ResponseItem(
-            "allreduce",
-            self.process_set,
-            r.dtype,
-            tuple(self.entries),
-            op=r.op,
-            prescale=r.prescale,
-            postscale=r.postscale,
-            device=r.device,  # a joined rank makes its zeros on this device type
-        )

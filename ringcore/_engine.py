@@ -42,13 +42,13 @@ from ._protocol import (
     CachedId,
     CachedRequest,
     Entry,
+    FusionBuckets,
     Goodbye,
     JoinRequest,
     Request,
     RequestBatch,
     ResponseBatch,
     ResponseItem,
-    nbytes,
 )
 from ._reduction import average_, neutral_fill, scale_
 from ._timeline import Timeline
@@ -326,35 +326,18 @@ class Engine:
     def _run_batch(self, batch: list[tuple[int, Handle]]) -> None:
         """Run a committed batch (sorted by cache id): allreduces of one dtype, op and
         scale fused up to the fusion threshold, in the same order on every rank."""
-        groups: list[tuple[Request, list[Entry], list[Handle]]] = []
-        open_at: dict[tuple, int] = {}
-        sizes: list[int] = []
+        buckets = FusionBuckets(self.fusion_threshold)
+        handles: dict[int, list[Handle | None]] = {}
         for cid, h in batch:
             r = h.req
-            sig = (r.dtype, r.op, r.prescale, r.postscale)
-            size = nbytes(r.dtype, r.shape)
-            at = open_at.get(sig)
-            if at is None or sizes[at] + size > self.fusion_threshold:
-                at = open_at[sig] = len(groups)
-                groups.append((r, [], []))
-                sizes.append(0)
-            groups[at][1].append(Entry(h.name, r.shape, cid))
-            groups[at][2].append(h)
-            sizes[at] += size
+            fusion, _ = buckets.place((r.dtype, r.op, r.prescale, r.postscale), r, 0)
+            fusion.entries.append(Entry(h.name, r.shape, cid))
+            handles.setdefault(id(fusion), []).append(h)
         self._kind = "allreduce"
-        for r, entries, hs in groups:
-            item = ResponseItem(
-                "allreduce",
-                0,
-                r.dtype,
-                tuple(entries),
-                op=r.op,
-                prescale=r.prescale,
-                postscale=r.postscale,
-                device="cpu",
-            )
+        for fusion in buckets.fusions:
+            entries = fusion.entries
             try:
-                self._run_allreduce(item, list(hs))
+                self._run_allreduce(fusion.item(), handles[id(fusion)])
             except Exception as exc:
                 why = f"{type(exc).__name__}: {exc}"
                 err = RingInternalError(

@@ -17,7 +17,7 @@ label a mismatch is reported, and what a cache id stands for.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
@@ -29,6 +29,8 @@ __all__ = [
     "CachedId",
     "CachedRequest",
     "Entry",
+    "Fusion",
+    "FusionBuckets",
     "Goodbye",
     "Heartbeat",
     "JoinRequest",
@@ -502,3 +504,48 @@ def nbytes(dtype: str, shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
+
+
+@dataclass(eq=False)
+class Fusion:
+    """An allreduce response item being filled: ops of one dtype/op/scale/device (or one
+    group), in the order they were placed."""
+
+    req: Request
+    process_set: int
+    entries: list[Entry] = field(default_factory=list)
+
+    def item(self) -> ResponseItem:
+        r = self.req
+        return ResponseItem(
+            "allreduce",
+            self.process_set,
+            r.dtype,
+            tuple(self.entries),
+            op=r.op,
+            prescale=r.prescale,
+            postscale=r.postscale,
+            device=r.device,  # a joined rank makes its zeros on this device type
+        )
+
+
+class FusionBuckets:
+    """Which fusion an allreduce joins, by the one rule of the coordinator and the fast
+    lane: each signature has one open fusion, and a new one opens when the next op would
+    take it past ``threshold`` bytes (an op larger than that is a fusion of its own)."""
+
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+        self.fusions: list[Fusion] = []
+        self._open: dict[tuple, tuple[Fusion, int]] = {}
+
+    def place(self, sig: tuple, req: Request, process_set: int) -> tuple[Fusion, bool]:
+        """The fusion ``req`` joins (the caller appends its entry), and whether it is new."""
+        size = nbytes(req.dtype, req.shape)
+        current = self._open.get(sig)
+        fresh = current is None or current[1] + size > self.threshold
+        if current is None or fresh:
+            current = (Fusion(req, process_set), 0)
+            self.fusions.append(current[0])
+        self._open[sig] = (current[0], current[1] + size)
+        return current[0], fresh

@@ -202,15 +202,9 @@ class ShmGroup(Rounds):
         same order, so one barrier suffices; above, the reduce-scatter/allgather chunks."""
         flat = _flat(tensor, "allreduce_")
         rop = resolve(op, tensor.dtype)
-        words: list[int] | None = Descriptor.words("allreduce", tensor, int(rop))
-        n = flat.numel()
-        per = self.layout.slot_bytes // flat.element_size()
-        if n * flat.element_size() <= self.small_bytes and n <= per:
-            self._allreduce_whole(flat, rop, words, prescale, postscale)
-            return tensor
-        for lo in range(0, max(n, 1), per):
-            self._allreduce_chunk(flat[lo : lo + per], rop, words, prescale, postscale)
-            words = None
+        words = Descriptor.words("allreduce", tensor, int(rop))
+        at = [(0, flat.numel(), flat)]
+        self._allreduce_concat(at, at, flat.numel(), tensor.dtype, rop, words, prescale, postscale)
         return tensor
 
     def allreduce_list_(
@@ -233,16 +227,31 @@ class ShmGroup(Rounds):
             raise ValueError("allreduce_list_ needs dsts of the srcs' sizes and dtype")
         dtype = srcs[0].dtype
         rop = resolve(op, dtype)
-        words: list[int] | None = Descriptor.words(
+        words = Descriptor.words(
             "allreduce", torch.empty((n,), dtype=dtype, device="meta"), int(rop)
         )
-        size, item = self.local_size, srcs[0].element_size()
+        self._allreduce_concat(src_at, dst_at, n, dtype, rop, words, prescale, postscale)
+
+    def _allreduce_concat(
+        self,
+        src_at: list[tuple[int, int, torch.Tensor]],
+        dst_at: list[tuple[int, int, torch.Tensor]],
+        n: int,
+        dtype: torch.dtype,
+        rop: ReduceOp,
+        words: list[int] | None,
+        prescale: float,
+        postscale: float,
+    ) -> None:
+        """The allreduce of the ``n`` elements that ``src_at`` (see :func:`_bounds`) lays
+        end to end, written to the places of ``dst_at``."""
+        size, me, item = self.local_size, self.local_rank, dtype.itemsize
         per = self.layout.slot_bytes // item
         if n * item <= self.small_bytes and n <= per:
             bank = self._begin(words)
             slots = self._slots(bank, dtype)
             for a, b, v in _pieces(src_at, 0, n):
-                _write_scaled(slots[self.local_rank][a:b], v, prescale)
+                _write_scaled(slots[me][a:b], v, prescale)
             self._exchange("allreduce", bank)
             for a, b, d in _pieces(dst_at, 0, n):
                 d.copy_(slots[0][a:b])
@@ -250,7 +259,6 @@ class ShmGroup(Rounds):
                     reduce_into_(d, slots[j][a:b], rop)
                 finish_(d, rop, size, postscale)
             return
-        me = self.local_rank
         for lo in range(0, max(n, 1), per):
             hi = min(n, lo + per)
             bank = self._begin(words)
@@ -273,46 +281,6 @@ class ShmGroup(Rounds):
             for j, (a, b) in enumerate(ranges):
                 for x, y, d in _pieces(dst_at, lo + a, lo + b):
                     d.copy_(slots[j][x - lo : y - lo])
-
-    def _write_and_meet(
-        self, part: torch.Tensor, words: list[int] | None, prescale: float
-    ) -> list[torch.Tensor]:
-        """Write ``part`` (prescaled) into this rank's slot, then barrier: the bank's slots."""
-        bank = self._begin(words)
-        slots = self._slots(bank, part.dtype)
-        _write_scaled(slots[self.local_rank][: part.numel()], part, prescale)
-        if words is not None:
-            self._exchange("allreduce", bank)
-        else:
-            self._barrier("allreduce")
-        return slots
-
-    def _allreduce_whole(
-        self, flat: torch.Tensor, rop: ReduceOp, words: list[int] | None, pre: float, post: float
-    ) -> None:
-        c = flat.numel()
-        slots = self._write_and_meet(flat, words, pre)
-        flat.copy_(slots[0][:c])
-        for j in range(1, self.local_size):
-            reduce_into_(flat, slots[j][:c], rop)
-        finish_(flat, rop, self.local_size, post)
-
-    def _allreduce_chunk(
-        self, part: torch.Tensor, rop: ReduceOp, words: list[int] | None, pre: float, post: float
-    ) -> None:
-        me, size, c = self.local_rank, self.local_size, part.numel()
-        slots = self._write_and_meet(part, words, pre)
-        ranges = _split(c, size, max(1, 64 // part.element_size()))
-        a, b = ranges[me]
-        acc = slots[me][a:b]
-        for j in range(size):
-            if j != me:
-                reduce_into_(acc, slots[j][a:b], rop)
-        finish_(acc, rop, size, post)
-        self._barrier("allreduce")
-        for j, (a, b) in enumerate(ranges):
-            if a < b:
-                part[a:b].copy_(slots[j][a:b])
 
     def reducescatter(
         self,

@@ -241,7 +241,10 @@ print("RESULT " + json.dumps({"unset": unset, "results": results}))
 )
 def test_on_a_cluster_master_an_unset_max_failures_still_retries_the_stage(tmp_path, request):
     """local-cluster runs Spark's cluster scheduler, where an unset spark.task.maxFailures
-    is 4: the failed barrier stage reruns. Its own process: one SparkContext per process."""
+    is 4: the failed barrier stage reruns. Its own process: one SparkContext per process.
+    Rank 1 returns at once while rank 0 fails: without the all-or-none finish of the task
+    (TaskSpec.all_or_none) rank 1's late success kept its output, Spark reran rank 0's
+    partition alone and its first allGather waited for ever (the hang CI saw)."""
     import json
     import subprocess
     import sys
