@@ -53,8 +53,10 @@ $(CUR_STAMP): pyproject.toml constraints-current.txt Makefile
 	$(CUR_PY) -m ringcore._stackcheck
 	touch $(CUR_STAMP)
 
+# local-cluster (two executor JVMs per test) only on the main stack and Spark 3.5.0.
 test-current: $(CUR_STAMP)
-	$(CUR_PY) -m pytest -p no:cacheprovider -k "not petastorm and not runs_past_one_epoch" $(CURRENT_TESTS)
+	$(CUR_PY) -m pytest -p no:cacheprovider \
+		-k "not petastorm and not runs_past_one_epoch and not local-cluster" $(CURRENT_TESTS)
 
 # The third tested stack: Spark 3.5 as the Databricks LTS runtimes have it. pyspark is
 # installed first and ringtrain after it, without a pyspark pin (constraints-spark35.txt):
@@ -79,12 +81,12 @@ test-spark35: $(S35_STAMP)
 # pyspark swapped: pyspark (pure Python and jars) is installed alone, without deps, into
 # build/pyspark-<v> and put first on PYTHONPATH, so nothing else of the venv moves.
 # Spark 4.1 (runtime 18) over the newest stack's venv: the Connect tests (the runner's
-# and the estimator's, a server started from that pyspark) and persistence. The newest
-# 3.5.x (runtime 16.4 ships 3.5.2) over the Spark 3.5 venv: the runner and persistence.
+# and the estimator's, a server started from that pyspark); persistence is tested on 4.3
+# and 3.5. The newest 3.5.x (runtime 16.4 ships 3.5.2) over the Spark 3.5 venv: the
+# runner (local[2]) and persistence.
 S41_PYSPARK := 4.1.0
 S35_NEWEST_PYSPARK := 3.5.9
-S41_TESTS := tests/test_spark_connect.py tests/test_estimator_connect.py \
-	tests/test_estimators_persistence.py
+S41_TESTS := tests/test_spark_connect.py tests/test_estimator_connect.py
 S35_NEWEST_TESTS := tests/test_spark_runner.py tests/test_estimators_persistence.py
 
 build/pyspark-%/.installed:
@@ -99,7 +101,8 @@ test-spark41: $(CUR_STAMP) build/pyspark-$(S41_PYSPARK)/.installed
 test-spark35-newest: $(S35_STAMP) build/pyspark-$(S35_NEWEST_PYSPARK)/.installed
 	PYTHONPATH=build/pyspark-$(S35_NEWEST_PYSPARK) $(S35_PY) -c "import pyspark, sys; \
 		sys.exit(0 if pyspark.__version__ == '$(S35_NEWEST_PYSPARK)' else f'pyspark {pyspark.__version__}')"
-	PYTHONPATH=build/pyspark-$(S35_NEWEST_PYSPARK) $(S35_PY) -m pytest -p no:cacheprovider $(S35_NEWEST_TESTS)
+	PYTHONPATH=build/pyspark-$(S35_NEWEST_PYSPARK) $(S35_PY) -m pytest -p no:cacheprovider \
+		-k "not local-cluster" $(S35_NEWEST_TESTS)
 
 # Every benchmark (each writes bench/results/<name>.json with its commit, versions, load,
 # checks and targets; see bench/_common.py), then the figures of docs/status.md from those
