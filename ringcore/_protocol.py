@@ -542,10 +542,10 @@ class FusionBuckets:
     def place(self, sig: tuple, req: Request, process_set: int) -> tuple[Fusion, bool]:
         """The fusion ``req`` joins (the caller appends its entry), and whether it is new."""
         size = nbytes(req.dtype, req.shape)
-        current = self._open.get(sig)
-        fresh = current is None or current[1] + size > self.threshold
-        if current is None or fresh:
-            current = (Fusion(req, process_set), 0)
-            self.fusions.append(current[0])
-        self._open[sig] = (current[0], current[1] + size)
-        return current[0], fresh
+        fusion, used = self._open.get(sig) or (None, 0)
+        fresh = fusion is None or used + size > self.threshold
+        if fusion is None or fresh:
+            fusion, used = Fusion(req, process_set), 0
+            self.fusions.append(fusion)
+        self._open[sig] = (fusion, used + size)
+        return fusion, fresh
