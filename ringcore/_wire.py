@@ -38,6 +38,7 @@ _SEQ = struct.Struct("!Q")
 _TAG = 32  # bytes of an HMAC-SHA256
 MAX_MESSAGE = 64 << 20
 HANDSHAKE_MAX = 4096
+MAX_UNSIGNED_NESTING = 8  # a handshake message is one flat object: nothing nests deeper
 HANDSHAKE_TIMEOUT_S = 10.0
 PROTOCOL = 2  # 2: the challenge and the hello carry the ringtrain version
 
@@ -164,6 +165,8 @@ class Channel:
                 )
             self._in_seq += 1
             frame = data
+        else:  # before the handshake: a stranger's bytes, never handed to a recursive parser
+            _refuse_deep_nesting(frame, MAX_UNSIGNED_NESTING)
         return json.loads(frame)
 
     def _fill(self, n: int, deadline: float | None = None) -> bool:
@@ -247,6 +250,33 @@ class Channel:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+
+
+def _refuse_deep_nesting(frame: bytes, limit: int) -> None:
+    """Raise ValueError when the JSON in ``frame`` nests arrays or objects deeper than
+    ``limit``. ``json.loads`` recurses once per level: a frame of a few thousand ``[``
+    would run it to the interpreter's recursion limit, and anything the garbage collector
+    finalizes at that depth fails too. Brackets inside strings do not count."""
+    if frame.count(b"[") + frame.count(b"{") <= limit:
+        return
+    depth = 0
+    in_string = escaped = False
+    for byte in frame:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # closing quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            if depth > limit:
+                raise ValueError(f"a control frame nests deeper than {limit} levels")
+        elif byte in (0x5D, 0x7D):  # ] }
+            depth -= 1
 
 
 def encode(message: Any) -> bytes:

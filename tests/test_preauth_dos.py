@@ -21,7 +21,7 @@ import pytest
 from _reliability import record
 
 from ringcore._auth import AuthenticationError, verify
-from ringcore._wire import HANDSHAKE_MAX, Channel, accept_handshake
+from ringcore._wire import HANDSHAKE_MAX, Channel, _refuse_deep_nesting, accept_handshake
 from spark_runner._logserver import MAX_HANDSHAKES, LogServer
 from spark_runner._output import LogConnection
 
@@ -82,6 +82,28 @@ def test_a_non_ascii_mac_in_the_hello_is_refused_as_an_authentication_error():
 def test_json_nested_past_the_recursion_limit_is_refused_as_an_authentication_error():
     hello = b"[" * (HANDSHAKE_MAX - 8)  # under the pre-auth size limit, nested ~4000 deep
     assert isinstance(_handshake_with(hello), AuthenticationError)
+
+
+def test_nesting_is_refused_before_the_parser_recurses_and_brackets_in_strings_do_not_count(
+    monkeypatch,
+):
+    deep = b"[" * 9 + b"]" * 9
+    with pytest.raises(ValueError, match="nests deeper than 8"):
+        _refuse_deep_nesting(deep, 8)
+    _refuse_deep_nesting(b"[" * 8 + b"]" * 8, 8)  # at the limit: parsed as usual
+    in_strings = json.dumps({"t": "hello", "nonce": "[" * 100, "mac": '\\"{' * 50}).encode()
+    _refuse_deep_nesting(in_strings, 8)
+    # a deep pre-auth frame never reaches the recursive parser at all
+    parsed: list[bytes] = []
+    real_loads = json.loads
+
+    def spy(doc, *args, **kwargs):
+        parsed.append(doc)
+        return real_loads(doc, *args, **kwargs)
+
+    monkeypatch.setattr(json, "loads", spy)
+    assert isinstance(_handshake_with(b"{" * 3000), AuthenticationError)
+    assert all(b"{" * 100 not in bytes(doc) for doc in parsed)
 
 
 def test_a_signed_channel_drops_a_nested_frame_and_says_why():
