@@ -30,17 +30,10 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 demo: $(STAMP)
 	$(PY) -m estimators.demo
 
-# The whole suite on the main stack, then the other stacks' subsets (below).
-# TEST_WORKERS pytest-xdist workers, one test file per worker at a time (a file's
-# module fixtures, its Spark session or Ray cluster, stay on one worker); then the
-# tests marked `solo` (machine-wide counts, network-namespace hosts) one by one, alone.
-# TEST_WORKERS=0: everything in one process, in file order.
-# PYTEST_ARGS: more pytest options for the main suite (e.g. -k, -x).
-TEST_WORKERS ?= 2
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
+# The whole suite on the main stack, then the second stack's subset (below).
+# PYTEST_ARGS: more pytest options for the main suite (e.g. a JUnit report).
 test: $(STAMP) $(CUR_STAMP) $(S35_STAMP)
-	$(PY) -m pytest -p no:cacheprovider $(XDIST) -m "not solo" $(PYTEST_ARGS) tests
-	$(PY) -m pytest -p no:cacheprovider -p no:xdist -m solo $(PYTEST_ARGS) tests
+	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests
 	$(MAKE) --no-print-directory test-current
 	$(MAKE) --no-print-directory test-spark35
 	$(MAKE) --no-print-directory test-spark41
@@ -62,7 +55,7 @@ $(CUR_STAMP): pyproject.toml constraints-current.txt Makefile
 
 # local-cluster (two executor JVMs per test) only on the main stack and Spark 3.5.0.
 test-current: $(CUR_STAMP)
-	$(CUR_PY) -m pytest -p no:cacheprovider $(XDIST) \
+	$(CUR_PY) -m pytest -p no:cacheprovider \
 		-k "not petastorm and not runs_past_one_epoch and not local-cluster" $(CURRENT_TESTS)
 
 # The third tested stack: Spark 3.5 as the Databricks LTS runtimes have it. pyspark is
@@ -82,7 +75,7 @@ $(S35_STAMP): pyproject.toml constraints-spark35.txt Makefile
 	touch $(S35_STAMP)
 
 test-spark35: $(S35_STAMP)
-	$(S35_PY) -m pytest -p no:cacheprovider $(XDIST) $(S35_TESTS)
+	$(S35_PY) -m pytest -p no:cacheprovider $(S35_TESTS)
 
 # Two more Spark versions of the Databricks LTS runtimes, each as a stack's pins with only
 # pyspark swapped: pyspark (pure Python and jars) is installed alone, without deps, into
@@ -103,12 +96,12 @@ build/pyspark-%/.installed:
 test-spark41: $(CUR_STAMP) build/pyspark-$(S41_PYSPARK)/.installed
 	PYTHONPATH=build/pyspark-$(S41_PYSPARK) $(CUR_PY) -c "import pyspark, sys; \
 		sys.exit(0 if pyspark.__version__ == '$(S41_PYSPARK)' else f'pyspark {pyspark.__version__}')"
-	PYTHONPATH=build/pyspark-$(S41_PYSPARK) $(CUR_PY) -m pytest -p no:cacheprovider $(XDIST) $(S41_TESTS)
+	PYTHONPATH=build/pyspark-$(S41_PYSPARK) $(CUR_PY) -m pytest -p no:cacheprovider $(S41_TESTS)
 
 test-spark35-newest: $(S35_STAMP) build/pyspark-$(S35_NEWEST_PYSPARK)/.installed
 	PYTHONPATH=build/pyspark-$(S35_NEWEST_PYSPARK) $(S35_PY) -c "import pyspark, sys; \
 		sys.exit(0 if pyspark.__version__ == '$(S35_NEWEST_PYSPARK)' else f'pyspark {pyspark.__version__}')"
-	PYTHONPATH=build/pyspark-$(S35_NEWEST_PYSPARK) $(S35_PY) -m pytest -p no:cacheprovider $(XDIST) \
+	PYTHONPATH=build/pyspark-$(S35_NEWEST_PYSPARK) $(S35_PY) -m pytest -p no:cacheprovider \
 		-k "not local-cluster" $(S35_NEWEST_TESTS)
 
 # Every benchmark (each writes bench/results/<name>.json with its commit, versions, load,

@@ -32,9 +32,6 @@ from _reliability import record
 import spark_runner
 from estimators import RingEstimator, Store
 
-# It counts /dev/shm segments and processes machine-wide: nothing else may run beside it.
-pytestmark = pytest.mark.solo
-
 FITS = int(os.environ.get("RELIABILITY_FITS", "10"))
 WARM_UP = 3
 SHM_DIR = "/dev/shm"

@@ -22,7 +22,6 @@ from ringcore import topology_from_hosts, worker_env
 
 _WHY = unavailable()
 pytestmark = [
-    pytest.mark.solo,  # its hosts are network namespaces on one bridge, as test_multihost's
     pytest.mark.skipif(_WHY is not None, reason=_WHY or ""),
     pytest.mark.timeout(180),
 ]
