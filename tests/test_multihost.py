@@ -13,11 +13,13 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -611,7 +613,18 @@ def _ray_on_two_hosts(cluster, tmp_path, extra_env: dict[str, str] | None = None
                 )  # fmt: skip
             if host is head:
                 _wait_for(head.addr, int(gcs.split(":")[1]), procs[0], 60)
-        yield gcs, env, lambda: "\n".join(p.read_text()[-1500:] for p in tmp_path.glob("*.log"))
+
+        def logs(workers: bool = False) -> str:
+            """The nodes' log tails; ``workers``: the Ray workers' stderr tails too (read
+            while the run's temp dir is still there)."""
+            paths = [*tmp_path.glob("*.log")]
+            if workers:
+                paths += sorted(Path(temp_dir).glob("session_*/logs/worker-*.err"))
+            return "\n".join(
+                f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in paths
+            )
+
+        yield gcs, env, logs
     finally:
         for proc in reversed(procs):
             kill_tree(proc)
@@ -735,8 +748,9 @@ def test_run_elastic_goes_on_without_a_partitioned_host(
 # An elastic RingTrainer (2 to 4 workers) stepping with commits and a checkpoint every
 # 5 steps; rank 0 reports every step's allreduce and, from step 10 on 4 ranks, writes READY.
 _RAY_ELASTIC_DRIVER = """
-import json, os, sys, time
+import faulthandler, json, os, signal, sys, time
 import ray
+faulthandler.register(signal.SIGUSR1)  # the test dumps the driver's stacks if it hangs
 from ray_runner import RingTrainer, RunConfig, ScalingConfig
 
 ray.init(address=sys.argv[1], _node_ip_address=sys.argv[2])
@@ -822,7 +836,17 @@ def test_elastic_ring_trainer_goes_on_without_a_partitioned_host(cluster, tmp_pa
             if ready.exists():
                 cut_at = time.time()
                 _ip_link(cluster, 1, "down")
-            out, err = driver.communicate(timeout=150)
+            try:
+                out, err = driver.communicate(timeout=150)
+            except subprocess.TimeoutExpired:
+                os.kill(driver.pid, signal.SIGUSR1)  # the driver's stacks to its stderr
+                time.sleep(1)
+                kill_tree(driver)
+                out, err = driver.communicate()
+                pytest.fail(
+                    f"the fit did not end 150 s after the cut\n--- driver stdout\n"
+                    f"{out[-3000:]}\n--- driver stderr\n{err[-8000:]}\n{ray_logs(workers=True)}"
+                )
             done_at = time.time()
         finally:
             kill_tree(driver)
