@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass, field
 
 NETNS_DIR = "/etc/netns"
@@ -175,3 +176,28 @@ def _descendants(root: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+def python_stacks(root: int, title_prefix: bytes = b"") -> str:
+    """The Python stacks of every process below ``root`` whose command line starts with
+    ``title_prefix`` (e.g. ``b"ray::RingWorker"``), as ``py-spy dump`` prints them: what
+    a hung test reports. Empty when py-spy (the dev extra) is not installed."""
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.path.exists(spy):
+        return ""
+    out = []
+    for pid in _descendants(root):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if not f.read().startswith(title_prefix):
+                    continue
+        except OSError:
+            continue
+        try:
+            dump = subprocess.run(
+                [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30
+            )
+            out.append(f"--- stacks of pid {pid}\n{dump.stdout}{dump.stderr}")
+        except subprocess.TimeoutExpired:
+            out.append(f"--- stacks of pid {pid}: py-spy did not answer in 30 s")
+    return "\n".join(out)

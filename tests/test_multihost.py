@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _netns import Cluster, kill_tree, unavailable
+from _netns import Cluster, kill_tree, python_stacks, unavailable
 from _reliability import record
 
 from ringcore import topology_from_hosts, worker_env
@@ -615,14 +615,19 @@ def _ray_on_two_hosts(cluster, tmp_path, extra_env: dict[str, str] | None = None
                 _wait_for(head.addr, int(gcs.split(":")[1]), procs[0], 60)
 
         def logs(workers: bool = False) -> str:
-            """The nodes' log tails; ``workers``: the Ray workers' stderr tails too (read
-            while the run's temp dir is still there)."""
+            """The nodes' log tails; ``workers``: the Ray workers' stderr tails and the
+            ring workers' Python stacks too (read while the run is still there)."""
             paths = [*tmp_path.glob("*.log")]
             if workers:
                 paths += sorted(Path(temp_dir).glob("session_*/logs/worker-*.err"))
-            return "\n".join(
+            text = "\n".join(
                 f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in paths
             )
+            if workers:
+                text += "\n" + "\n".join(
+                    python_stacks(proc.pid, b"ray::RingWorker") for proc in procs
+                )
+            return text
 
         yield gcs, env, logs
     finally:
@@ -839,13 +844,14 @@ def test_elastic_ring_trainer_goes_on_without_a_partitioned_host(cluster, tmp_pa
             try:
                 out, err = driver.communicate(timeout=150)
             except subprocess.TimeoutExpired:
+                workers = ray_logs(workers=True)  # while the driver still holds its actors
                 os.kill(driver.pid, signal.SIGUSR1)  # the driver's stacks to its stderr
                 time.sleep(1)
                 kill_tree(driver)
                 out, err = driver.communicate()
                 pytest.fail(
                     f"the fit did not end 150 s after the cut\n--- driver stdout\n"
-                    f"{out[-3000:]}\n--- driver stderr\n{err[-8000:]}\n{ray_logs(workers=True)}"
+                    f"{out[-3000:]}\n--- driver stderr\n{err[-8000:]}\n{workers}"
                 )
             done_at = time.time()
         finally:
