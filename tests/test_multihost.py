@@ -889,3 +889,25 @@ def test_elastic_ring_trainer_goes_on_without_a_partitioned_host(cluster, tmp_pa
         f"{fit_done - cut_at:.0f} s); Gloo and control timeouts 8 s, Ray health check 1 s x 3",
     )
     assert done_at - cut_at < 120
+
+
+def test_a_hung_tests_report_holds_the_python_stacks_of_the_processes_it_names(tmp_path):
+    """The diagnostics the elastic Ray test prints when a fit hangs: py-spy's dump of
+    every process below a root whose command line starts with the given prefix."""
+    script = tmp_path / "sleeper_for_stacks.py"
+    script.write_text("import time\ndef waits_here():\n    time.sleep(60)\nwaits_here()\n")
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys; subprocess.run(sys.argv[1:])",
+         sys.executable, str(script)],
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        stacks = ""
+        while "waits_here" not in stacks and time.monotonic() < deadline:
+            time.sleep(0.5)
+            stacks = python_stacks(parent.pid, sys.executable.encode())
+        assert "waits_here" in stacks and "sleeper_for_stacks.py" in stacks, stacks
+        assert python_stacks(parent.pid, b"no such process title") == ""
+    finally:
+        kill_tree(parent)
