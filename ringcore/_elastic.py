@@ -88,6 +88,11 @@ def generation() -> int:
     return int(_store().add(GEN_KEY, 0))
 
 
+def joined_generation() -> int:
+    """The generation this worker last joined (0: the first ring, or not elastic)."""
+    return _my_generation
+
+
 def hosts_updated() -> bool:
     return is_elastic() and generation() > _my_generation
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import time
 from typing import Any
 
 from . import _config as cfg
@@ -165,21 +166,43 @@ def _open_store(rdv: Rendezvous, timeout: datetime.timedelta) -> Any:
         ) from exc
 
 
+#: how often a rank waiting at an elastic rendezvous looks for a newer generation
+_SUPERSEDED_POLL_S = 1.0
+
+
 def _await_ranks(store: Any, rdv: Rendezvous, timeout: datetime.timedelta) -> None:
     """Every rank checks in at the store; when one never arrives, the others fail
-    within ``timeout`` with a message naming it (not the backend's own timeout)."""
+    within ``timeout`` with a message naming it (not the backend's own timeout).
+
+    In an elastic job a rank also stops waiting once the launcher has published a newer
+    generation: a rank that already moved to it never arrives here, so the wait could
+    only end at the timeout. The caller (``elastic.rejoin``) then joins the newest."""
     topo = rdv.topology
     if topo.size == 1:
         return
     keys = [f"arrived/{r}" for r in range(topo.size)]
     store.set(keys[topo.rank], "1")
-    try:
-        store.wait(keys, timeout)
-        return
-    except Exception:  # torch raises DistStoreError / RuntimeError on timeout
-        missing = [r for r, key in enumerate(keys) if not store.check([key])]
-    if not missing:
-        return
+    from . import _elastic
+
+    elastic = _elastic.is_elastic()
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        left = deadline - time.monotonic()
+        step = min(left, _SUPERSEDED_POLL_S) if elastic else left
+        try:
+            store.wait(keys, datetime.timedelta(seconds=max(step, 0.001)))
+            return
+        except Exception:  # torch raises DistStoreError / RuntimeError on timeout
+            missing = [r for r, key in enumerate(keys) if not store.check([key])]
+        if not missing:
+            return
+        if elastic and _elastic.hosts_updated():
+            raise RendezvousError(
+                f"rank {topo.rank} of {topo.size}: generation {_elastic.joined_generation()} "
+                f"of the ring was superseded while ranks {missing} had not arrived"
+            )
+        if time.monotonic() >= deadline:
+            break
     raise RendezvousError(
         f"rank {topo.rank} of {topo.size}: ranks {missing} did not arrive at the rendezvous "
         f"(store {rdv.store_addr}:{rdv.store_port}) within {timeout.total_seconds():.0f} s. "

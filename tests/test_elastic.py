@@ -160,3 +160,47 @@ def test_a_rank_whose_code_raises_leaves_and_the_others_re_form_without_waiting_
     # the leaver said so: the next ring did not wait RING_START_TIMEOUT (60 s) for it
     assert elapsed < 45, elapsed
     record(request, recover_s=elapsed)
+
+
+def test_a_rank_waiting_at_a_superseded_generations_rendezvous_leaves_it_at_once(monkeypatch):
+    """A rank at generation 1's rendezvous whose peer moved on to a newer generation
+    (the launcher published generation 2) stops waiting within a poll, not at the start
+    timeout: the peer never arrives at a superseded rendezvous."""
+    import datetime
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    from ringcore import _elastic, _torch_ring, topology_from_hosts
+    from ringcore._errors import RendezvousError
+    from ringcore._rendezvous import Rendezvous
+
+    launcher = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    port = launcher.port
+    monkeypatch.setenv("RING_ELASTIC", "1")
+    monkeypatch.setenv("RING_STORE_ADDR", "127.0.0.1")
+    monkeypatch.setenv("RING_STORE_PORT", str(port))
+    monkeypatch.setenv("RING_WORKER_ID", "w1")
+    _elastic.forget_job()
+    try:
+        launcher.add(_elastic.GEN_KEY, 1)  # generation 1: this worker joined it
+        monkeypatch.setattr(_elastic, "_my_generation", 1)
+        rdv = Rendezvous(topology_from_hosts(["a", "a"], 1), "127.0.0.1", port, False, "test")
+        ring = dist.PrefixStore("elastic/ring/1", dist.TCPStore("127.0.0.1", port, is_master=False))
+        threading.Timer(1.0, launcher.add, (_elastic.GEN_KEY, 1)).start()  # generation 2
+        start = time.monotonic()
+        with pytest.raises(RendezvousError, match="generation 1 of the ring was superseded"):
+            _torch_ring._await_ranks(ring, rdv, datetime.timedelta(seconds=60))
+        assert time.monotonic() - start < 10
+        # without a newer generation the wait ends at the timeout, naming the missing rank
+        monkeypatch.setattr(_elastic, "_my_generation", 2)
+        ring2 = dist.PrefixStore(
+            "elastic/ring/2", dist.TCPStore("127.0.0.1", port, is_master=False)
+        )
+        start = time.monotonic()
+        with pytest.raises(RendezvousError, match=r"ranks \[0\] did not arrive"):
+            _torch_ring._await_ranks(ring2, rdv, datetime.timedelta(seconds=2.5))
+        assert 2.0 < time.monotonic() - start < 10
+    finally:
+        _elastic.forget_job()
