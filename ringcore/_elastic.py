@@ -93,6 +93,17 @@ def joined_generation() -> int:
     return _my_generation
 
 
+_rejoining = False
+
+
+def rejoining() -> bool:
+    """True while :func:`rejoin` forms the next ring: every rank of it came through
+    next_generation(), which takes the newest, so a peer may skip a generation that a
+    newer one superseded (the first ring's members, and a late worker's first ring,
+    come to theirs)."""
+    return _rejoining
+
+
 def hosts_updated() -> bool:
     return is_elastic() and generation() > _my_generation
 
@@ -147,8 +158,10 @@ def rejoin(init: Callable[[], None]) -> None:
     deadline = time.monotonic() + cfg.get_float(
         cfg.ELASTIC_TIMEOUT_ENV_VAR, cfg.DEFAULT_ELASTIC_TIMEOUT_S
     )
+    global _rejoining
     while True:
         next_generation()
+        _rejoining = True
         try:
             init()
             return
@@ -161,6 +174,8 @@ def rejoin(init: Callable[[], None]) -> None:
                 type(exc).__name__,
                 exc,
             )
+        finally:
+            _rejoining = False
 
 
 def forget_job() -> None:

@@ -174,9 +174,10 @@ def _await_ranks(store: Any, rdv: Rendezvous, timeout: datetime.timedelta) -> No
     """Every rank checks in at the store; when one never arrives, the others fail
     within ``timeout`` with a message naming it (not the backend's own timeout).
 
-    In an elastic job a rank also stops waiting once the launcher has published a newer
-    generation: a rank that already moved to it never arrives here, so the wait could
-    only end at the timeout. The caller (``elastic.rejoin``) then joins the newest."""
+    In an elastic job, while re-forming the ring (``elastic.rejoin``), a rank also stops
+    waiting once the launcher has published a newer generation: a rank that already
+    moved to it never arrives here, so the wait could only end at the timeout; rejoin
+    then joins the newest."""
     topo = rdv.topology
     if topo.size == 1:
         return
@@ -184,7 +185,7 @@ def _await_ranks(store: Any, rdv: Rendezvous, timeout: datetime.timedelta) -> No
     store.set(keys[topo.rank], "1")
     from . import _elastic
 
-    elastic = _elastic.is_elastic()
+    elastic = _elastic.is_elastic() and _elastic.rejoining()  # see rejoining()
     deadline = time.monotonic() + timeout.total_seconds()
     while True:
         left = deadline - time.monotonic()

@@ -186,6 +186,7 @@ def test_a_rank_waiting_at_a_superseded_generations_rendezvous_leaves_it_at_once
     try:
         launcher.add(_elastic.GEN_KEY, 1)  # generation 1: this worker joined it
         monkeypatch.setattr(_elastic, "_my_generation", 1)
+        monkeypatch.setattr(_elastic, "_rejoining", True)  # inside rejoin()
         rdv = Rendezvous(topology_from_hosts(["a", "a"], 1), "127.0.0.1", port, False, "test")
         ring = dist.PrefixStore("elastic/ring/1", dist.TCPStore("127.0.0.1", port, is_master=False))
         threading.Timer(1.0, launcher.add, (_elastic.GEN_KEY, 1)).start()  # generation 2
@@ -202,5 +203,36 @@ def test_a_rank_waiting_at_a_superseded_generations_rendezvous_leaves_it_at_once
         with pytest.raises(RendezvousError, match=r"ranks \[0\] did not arrive"):
             _torch_ring._await_ranks(ring2, rdv, datetime.timedelta(seconds=2.5))
         assert 2.0 < time.monotonic() - start < 10
+    finally:
+        _elastic.forget_job()
+
+
+def test_the_first_rings_rendezvous_waits_for_its_members_even_after_a_newer_generation(
+    monkeypatch,
+):
+    """Every member of the first ring comes to it (it grows afterwards, from inside the
+    ring), as a late worker comes to the ring it was added to: outside rejoin() a newer
+    generation published meanwhile does not make a rank leave."""
+    import datetime
+    import threading
+
+    import torch.distributed as dist
+
+    from ringcore import _elastic, _torch_ring, topology_from_hosts
+    from ringcore._rendezvous import Rendezvous
+
+    launcher = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    port = launcher.port
+    monkeypatch.setenv("RING_ELASTIC", "1")
+    monkeypatch.setenv("RING_STORE_ADDR", "127.0.0.1")
+    monkeypatch.setenv("RING_STORE_PORT", str(port))
+    _elastic.forget_job()
+    try:
+        launcher.add(_elastic.GEN_KEY, 1)  # published before rank 0 of generation 0 arrives
+        rdv = Rendezvous(topology_from_hosts(["a", "a"], 1), "127.0.0.1", port, False, "test")
+        ring = dist.PrefixStore("ring0", dist.TCPStore("127.0.0.1", port, is_master=False))
+        late = dist.PrefixStore("ring0", dist.TCPStore("127.0.0.1", port, is_master=False))
+        threading.Timer(2.5, late.set, ("arrived/0", "1")).start()  # rank 0, late
+        _torch_ring._await_ranks(ring, rdv, datetime.timedelta(seconds=30))
     finally:
         _elastic.forget_job()
