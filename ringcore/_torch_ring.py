@@ -185,7 +185,7 @@ def _await_ranks(store: Any, rdv: Rendezvous, timeout: datetime.timedelta) -> No
     store.set(keys[topo.rank], "1")
     from . import _elastic
 
-    elastic = _elastic.is_elastic() and _elastic.rejoining()  # see rejoining()
+    elastic = _elastic.rejoining()  # see rejoining(); only ever true in an elastic job
     deadline = time.monotonic() + timeout.total_seconds()
     while True:
         left = deadline - time.monotonic()

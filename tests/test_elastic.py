@@ -162,7 +162,36 @@ def test_a_rank_whose_code_raises_leaves_and_the_others_re_form_without_waiting_
     record(request, recover_s=elapsed)
 
 
-def test_a_rank_waiting_at_a_superseded_generations_rendezvous_leaves_it_at_once(monkeypatch):
+@pytest.fixture
+def launcher_store(monkeypatch):
+    """An elastic job's launcher store on 127.0.0.1 at generation 1 (its port), with this
+    process set up as an elastic worker of it; the worker's elastic state forgotten after."""
+    import torch.distributed as dist
+
+    from ringcore import _elastic
+
+    launcher = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    monkeypatch.setenv("RING_ELASTIC", "1")
+    monkeypatch.setenv("RING_STORE_ADDR", "127.0.0.1")
+    monkeypatch.setenv("RING_STORE_PORT", str(launcher.port))
+    monkeypatch.setenv("RING_WORKER_ID", "w1")
+    _elastic.forget_job()
+    launcher.add(_elastic.GEN_KEY, 1)
+    try:
+        yield launcher
+    finally:
+        _elastic.forget_job()
+
+
+def _ring_client(port: int, prefix: str):
+    import torch.distributed as dist
+
+    return dist.PrefixStore(prefix, dist.TCPStore("127.0.0.1", port, is_master=False))
+
+
+def test_a_rank_waiting_at_a_superseded_generations_rendezvous_leaves_it_at_once(
+    monkeypatch, launcher_store
+):
     """A rank at generation 1's rendezvous whose peer moved on to a newer generation
     (the launcher published generation 2) stops waiting within a poll, not at the start
     timeout: the peer never arrives at a superseded rendezvous."""
@@ -170,45 +199,31 @@ def test_a_rank_waiting_at_a_superseded_generations_rendezvous_leaves_it_at_once
     import threading
     import time
 
-    import torch.distributed as dist
-
     from ringcore import _elastic, _torch_ring, topology_from_hosts
     from ringcore._errors import RendezvousError
     from ringcore._rendezvous import Rendezvous
 
-    launcher = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
-    port = launcher.port
-    monkeypatch.setenv("RING_ELASTIC", "1")
-    monkeypatch.setenv("RING_STORE_ADDR", "127.0.0.1")
-    monkeypatch.setenv("RING_STORE_PORT", str(port))
-    monkeypatch.setenv("RING_WORKER_ID", "w1")
-    _elastic.forget_job()
-    try:
-        launcher.add(_elastic.GEN_KEY, 1)  # generation 1: this worker joined it
-        monkeypatch.setattr(_elastic, "_my_generation", 1)
-        monkeypatch.setattr(_elastic, "_rejoining", True)  # inside rejoin()
-        rdv = Rendezvous(topology_from_hosts(["a", "a"], 1), "127.0.0.1", port, False, "test")
-        ring = dist.PrefixStore("elastic/ring/1", dist.TCPStore("127.0.0.1", port, is_master=False))
-        threading.Timer(1.0, launcher.add, (_elastic.GEN_KEY, 1)).start()  # generation 2
-        start = time.monotonic()
-        with pytest.raises(RendezvousError, match="generation 1 of the ring was superseded"):
-            _torch_ring._await_ranks(ring, rdv, datetime.timedelta(seconds=60))
-        assert time.monotonic() - start < 10
-        # without a newer generation the wait ends at the timeout, naming the missing rank
-        monkeypatch.setattr(_elastic, "_my_generation", 2)
-        ring2 = dist.PrefixStore(
-            "elastic/ring/2", dist.TCPStore("127.0.0.1", port, is_master=False)
-        )
-        start = time.monotonic()
-        with pytest.raises(RendezvousError, match=r"ranks \[0\] did not arrive"):
-            _torch_ring._await_ranks(ring2, rdv, datetime.timedelta(seconds=2.5))
-        assert 2.0 < time.monotonic() - start < 10
-    finally:
-        _elastic.forget_job()
+    port = launcher_store.port
+    monkeypatch.setattr(_elastic, "_my_generation", 1)  # this worker joined generation 1
+    monkeypatch.setattr(_elastic, "_rejoining", True)  # inside rejoin()
+    rdv = Rendezvous(topology_from_hosts(["a", "a"], 1), "127.0.0.1", port, False, "test")
+    ring = _ring_client(port, "elastic/ring/1")
+    threading.Timer(1.0, launcher_store.add, (_elastic.GEN_KEY, 1)).start()  # generation 2
+    start = time.monotonic()
+    with pytest.raises(RendezvousError, match="generation 1 of the ring was superseded"):
+        _torch_ring._await_ranks(ring, rdv, datetime.timedelta(seconds=60))
+    assert time.monotonic() - start < 10
+    # without a newer generation the wait ends at the timeout, naming the missing rank
+    monkeypatch.setattr(_elastic, "_my_generation", 2)
+    ring2 = _ring_client(port, "elastic/ring/2")
+    start = time.monotonic()
+    with pytest.raises(RendezvousError, match=r"ranks \[0\] did not arrive"):
+        _torch_ring._await_ranks(ring2, rdv, datetime.timedelta(seconds=2.5))
+    assert 2.0 < time.monotonic() - start < 10
 
 
 def test_the_first_rings_rendezvous_waits_for_its_members_even_after_a_newer_generation(
-    monkeypatch,
+    launcher_store,
 ):
     """Every member of the first ring comes to it (it grows afterwards, from inside the
     ring), as a late worker comes to the ring it was added to: outside rejoin() a newer
@@ -216,23 +231,11 @@ def test_the_first_rings_rendezvous_waits_for_its_members_even_after_a_newer_gen
     import datetime
     import threading
 
-    import torch.distributed as dist
-
-    from ringcore import _elastic, _torch_ring, topology_from_hosts
+    from ringcore import _torch_ring, topology_from_hosts
     from ringcore._rendezvous import Rendezvous
 
-    launcher = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
-    port = launcher.port
-    monkeypatch.setenv("RING_ELASTIC", "1")
-    monkeypatch.setenv("RING_STORE_ADDR", "127.0.0.1")
-    monkeypatch.setenv("RING_STORE_PORT", str(port))
-    _elastic.forget_job()
-    try:
-        launcher.add(_elastic.GEN_KEY, 1)  # published before rank 0 of generation 0 arrives
-        rdv = Rendezvous(topology_from_hosts(["a", "a"], 1), "127.0.0.1", port, False, "test")
-        ring = dist.PrefixStore("ring0", dist.TCPStore("127.0.0.1", port, is_master=False))
-        late = dist.PrefixStore("ring0", dist.TCPStore("127.0.0.1", port, is_master=False))
-        threading.Timer(2.5, late.set, ("arrived/0", "1")).start()  # rank 0, late
-        _torch_ring._await_ranks(ring, rdv, datetime.timedelta(seconds=30))
-    finally:
-        _elastic.forget_job()
+    port = launcher_store.port  # generation 1 is published before rank 0 arrives
+    rdv = Rendezvous(topology_from_hosts(["a", "a"], 1), "127.0.0.1", port, False, "test")
+    ring, late = _ring_client(port, "ring0"), _ring_client(port, "ring0")
+    threading.Timer(2.5, late.set, ("arrived/0", "1")).start()  # rank 0, late
+    _torch_ring._await_ranks(ring, rdv, datetime.timedelta(seconds=30))
