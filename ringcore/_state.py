@@ -34,7 +34,6 @@ __all__ = [
     "local_rank",
     "local_size",
     "lock",
-    "next_generation",
     "rank",
     "size",
     "timeline",
@@ -61,14 +60,6 @@ class RuntimeState:
 lock = threading.RLock()  # held by init() and shutdown()
 current: RuntimeState | None = None  # set by _runtime only
 timeline = Timeline()
-_generation = 0
-
-
-def next_generation() -> int:
-    """A number new with every ring this process forms (the store prefix of its keys)."""
-    global _generation
-    _generation += 1
-    return _generation
 
 
 def get() -> RuntimeState:

@@ -19,7 +19,6 @@ import time
 from typing import Any
 
 from . import _config as cfg
-from . import _state
 from ._backends import Connection
 from ._errors import RendezvousError
 from ._rendezvous import Rendezvous, hosted_store
@@ -91,8 +90,9 @@ def _form_group(rdv: Rendezvous, requested: str | None) -> tuple[Any, Any, str]:
     spans_hosts = topo.local_size < topo.size and not is_loopback(rdv.store_addr)
     iface = _iface.apply(rdv.store_addr, rdv.store_port, spans_hosts)
     store = _open_store(rdv, start_timeout)
-    generation = _state.next_generation()
-    prefix = os.environ.get(cfg.STORE_PREFIX_ENV_VAR) or f"ringcore/{generation}"
+    prefix = (
+        os.environ.get(cfg.STORE_PREFIX_ENV_VAR) or f"ringcore/{_rings_formed(store, topo.rank)}"
+    )
     prefixed = dist.PrefixStore(prefix, store)
     _await_ranks(prefixed, rdv, start_timeout)
     backend = plan(topo, prefixed, requested).process_group or "gloo"
@@ -113,6 +113,16 @@ def _form_group(rdv: Rendezvous, requested: str | None) -> tuple[Any, Any, str]:
             "reaches the other hosts, and let TCP between the hosts through (docs/cluster.md)."
         ) from exc
     return store, prefixed, prefix
+
+
+def _rings_formed(store: Any, rank: int) -> int:
+    """How many rings this rank has formed through this store, this one included: the
+    prefix of the ring's keys. It is counted in the store, not in the process: the store
+    lives as long as the job, so every rank of a job gets the same number whatever its
+    process did before. A process-wide count gave a Python worker that Spark reused
+    across jobs (each job with its own store) a number its peers did not have, and the
+    ranks waited for each other under two prefixes until RING_START_TIMEOUT."""
+    return int(store.add(f"ringcore/formed/{rank}", 1))
 
 
 def _leave(backend: Any) -> None:

@@ -28,7 +28,13 @@ def local_session(
     (``DATABRICKS_RUNTIME_VERSION`` set) it returns the notebook's active session and
     ignores the arguments, so a script written against a local session runs unchanged.
     ``log_level`` (e.g. ``"ERROR"``) sets the new session's Spark log level, so a
-    notebook need not reach for the SparkContext itself."""
+    notebook need not reach for the SparkContext itself.
+
+    A session already running in this process is returned when it has the asked master
+    and settings (as ``getOrCreate`` does); one with another master, or another value of
+    a setting that only takes effect at start-up (anything but ``spark.sql.*``), raises
+    ``RingError`` naming both: ``getOrCreate`` would hand back the running one and drop
+    the asked settings without a word."""
     import pyspark
     from pyspark.sql import SparkSession
 
@@ -60,7 +66,40 @@ def local_session(
     )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
+    _refuse_a_running_context_of_other_settings(master, conf or {})
     session = builder.getOrCreate()
     if log_level is not None:
         session.sparkContext.setLogLevel(log_level)
     return session
+
+
+def _refuse_a_running_context_of_other_settings(master: str, conf: dict[str, str]) -> None:
+    from pyspark import SparkContext
+
+    running = SparkContext._active_spark_context
+    if running is None:
+        return
+    have = running.getConf()
+    wanted = {
+        "spark.master": master,
+        **{k: v for k, v in conf.items() if not k.startswith("spark.sql.")},
+    }
+    differ = {
+        key: (have.get(key), value)
+        for key, value in wanted.items()
+        if _canonical(key, have.get(key)) != _canonical(key, value)
+    }
+    if differ:
+        named = "; ".join(
+            f"{key} is {got!r}, asked {value!r}" for key, (got, value) in differ.items()
+        )
+        raise RingError(
+            f"local_session: a SparkSession is already running in this process with other "
+            f"start-up settings ({named}); Spark would return it unchanged. Stop it first "
+            "(spark.stop()), or ask for the settings it has."
+        )
+
+
+def _canonical(key: str, value: str | None) -> str | None:
+    # "local[2, 1]" and "local[2,1]" are one master
+    return value.replace(" ", "") if key == "spark.master" and value is not None else value

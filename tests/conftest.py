@@ -15,6 +15,35 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 os.environ.setdefault("JAVA_TOOL_OPTIONS", TEST_JVM_OPTIONS)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The modules on the shared SparkSession (tests/_spark.py) run first, in their
+    usual order, then the rest in theirs: the session starts once, not once per run of
+    shared modules between the others. Items of one module stay together."""
+    items.sort(key=lambda item: not _on_shared_spark(item))
+
+
+def _on_shared_spark(item) -> bool:
+    return bool(getattr(getattr(item, "module", None), "SHARED_SPARK", False))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _shared_spark_ends_before_the_other_modules(request):
+    """The first module not on the shared session stops it: the rest of the suite runs
+    without its JVM and Python workers, as before the session was shared."""
+    if not getattr(request.module, "SHARED_SPARK", False):
+        import _spark
+
+        _spark.stop_shared()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import _spark
+
+    _spark.stop_shared()

@@ -12,6 +12,7 @@ import threading
 import uuid
 import zlib
 
+import _spark
 import pytest
 import torch
 
@@ -20,6 +21,8 @@ from estimators import FsspecStore, Store
 from ringcore import WorkerError
 from spark_runner._errors import decode_worker_error, encode_worker_error
 from spark_runner._slots import retries_configured, task_max_failures
+
+SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 
 # --- 1. a worker-error blob forged in an exception message ------------------------------------
 
@@ -70,14 +73,8 @@ def test_a_forged_worker_error_blob_is_never_unpickled_and_the_real_error_still_
 
 @pytest.fixture(scope="module")
 def spark():
-    session = spark_runner.local_session(
-        "local[2]", app_name="test_audit_fixes", conf={"spark.sql.shuffle.partitions": "2"}
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    try:
-        yield session
-    finally:
-        session.stop()
+    session = _spark.shared_session()  # never stopped here: see tests/_spark.py
+    return session
 
 
 def _raises_key_error_of_a_row_value(value: str) -> None:

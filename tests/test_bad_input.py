@@ -18,6 +18,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+import _spark
 import pytest
 import torch
 from _reliability import record
@@ -36,7 +37,10 @@ from pyspark.sql.types import (
 
 import spark_runner
 from estimators import RingEstimator, Store
+from ringcore import RingError
 from ringcore.testing import run_workers
+
+SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OURS = tuple(os.path.join(ROOT, pkg) + os.sep for pkg in ("estimators", "spark_runner", "ringcore"))
@@ -45,14 +49,8 @@ ROWS = 64
 
 @pytest.fixture(scope="module")
 def spark():
-    session = spark_runner.local_session(
-        "local[2]", app_name="test_bad_input", conf={"spark.sql.shuffle.partitions": "2"}
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    try:
-        yield session
-    finally:
-        session.stop()
+    session = _spark.shared_session()  # never stopped here: see tests/_spark.py
+    return session
 
 
 SCHEMA = StructType(
@@ -490,3 +488,18 @@ def test_ranks_disagreeing_in_a_collective_raise_on_every_rank_naming_it(
 
 def test_the_ring_goes_on_after_every_disagreement(disagreements):
     assert [res["after"] for res in disagreements] == [2.0, 2.0]
+
+
+@pytest.mark.spark
+def test_local_session_refuses_a_running_session_of_other_start_up_settings(spark):
+    """getOrCreate would hand back the running session and drop the asked master or
+    start-up setting without a word; local_session names them instead. Runtime SQL
+    settings and the same master still get the running session."""
+    with pytest.raises(
+        RingError, match=r"spark\.master is 'local\[2\]', asked 'local\[3\]'.*spark\.stop\(\)"
+    ):
+        spark_runner.local_session("local[3]")
+    with pytest.raises(RingError, match=r"spark\.executorEnv\.RING_X is None, asked '1'"):
+        spark_runner.local_session("local[2]", conf={"spark.executorEnv.RING_X": "1"})
+    same = spark_runner.local_session("local[2]", conf={"spark.sql.shuffle.partitions": "2"})
+    assert same is spark and spark.sparkContext._jsc is not None

@@ -16,28 +16,25 @@ import os
 import pathlib
 import threading
 
+import _spark
 import numpy as np
 import pytest
 import torch
 from pyspark.ml import Pipeline
 from pyspark.sql import functions as F
 
-import spark_runner
 from estimators import Callback, RingEstimator, Store
+
+SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 
 pytestmark = [pytest.mark.spark]
 
 
 @pytest.fixture(scope="module")
 def spark():
-    session = spark_runner.local_session(
-        "local[2]", app_name="test-estimator-knobs", conf={"spark.sql.shuffle.partitions": "2"}
-    )
-    try:
-        session.sparkContext.setLogLevel("FATAL")
-        yield session
-    finally:
-        session.stop()
+    session = _spark.shared_session()  # never stopped here: see tests/_spark.py
+    session.sparkContext.setLogLevel("FATAL")
+    return session
 
 
 @pytest.fixture(scope="module")

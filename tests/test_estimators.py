@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import _spark
 import cloudpickle
 import numpy as np
 import pyarrow as pa
@@ -13,22 +14,19 @@ import pytest
 import torch
 from pyspark.sql.types import ArrayType, DoubleType
 
-import spark_runner
 from estimators import RingEstimator, RingModel, Store, demo
 from estimators._params import ESTIMATOR_PARAMS, MODEL_PARAMS, accessor_names
 from estimators._train_torch import TrainSpec, _as_target, train
 from ringcore.testing import run_workers
 
+SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
+
 EPOCHS = 4
 
 
 @pytest.fixture(scope="module")
-def spark(request):
-    session = spark_runner.local_session(
-        "local[2]", app_name="test-estimators", conf={"spark.sql.shuffle.partitions": "2"}
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    request.addfinalizer(session.stop)
+def spark():
+    session = _spark.shared_session()  # never stopped here: see tests/_spark.py
     return session
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+import _spark
 import numpy as np
 import pandas as pd
 import pytest
@@ -23,24 +24,19 @@ from pyspark.sql.types import (
     StructType,
 )
 
-import spark_runner
 from estimators import RingEstimator, RingModel, Store
 from estimators._prepare import clear_cache
 from estimators._train_torch import _loss
+
+SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 
 ROWS = 256
 WEIGHTS = np.array([1.5, -2.0, 0.5, 1.0], dtype=np.float32)
 
 
 @pytest.fixture(scope="module")
-def spark(request):
-    session = spark_runner.local_session(
-        "local[2]",
-        app_name="test-estimators-persistence",
-        conf={"spark.sql.shuffle.partitions": "2"},
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    request.addfinalizer(session.stop)
+def spark():
+    session = _spark.shared_session()  # never stopped here: see tests/_spark.py
     return session
 
 

@@ -5,6 +5,7 @@ Real Spark (local[2]), two Gloo workers."""
 
 from __future__ import annotations
 
+import _spark
 import numpy as np
 import pytest
 import torch
@@ -12,20 +13,17 @@ from pyspark.ml import PipelineModel
 from pyspark.ml.linalg import DenseVector, Vectors, VectorUDT
 from pyspark.sql.types import ArrayType, DoubleType
 
-import spark_runner
 from estimators import RingEstimator, RingModel
 from estimators._prepare import clear_cache
+
+SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 
 ROWS = 64
 
 
 @pytest.fixture(scope="module")
-def spark(request):
-    session = spark_runner.local_session(
-        "local[2]", app_name="test-estimators-vectors", conf={"spark.sql.shuffle.partitions": "2"}
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    request.addfinalizer(session.stop)
+def spark():
+    session = _spark.shared_session()  # never stopped here: see tests/_spark.py
     return session
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 
+import _spark
 import pytest
 from _servers import local_ray
 
@@ -21,6 +22,8 @@ from estimators import RingEstimator  # noqa: E402
 from estimators._params import HOROVOD_ONLY_PARAMS  # noqa: E402
 from ray_runner import ElasticRayExecutor, RayExecutor, RaySettings, ray_logger  # noqa: E402
 from ringcore import RingError, WorkerError  # noqa: E402
+
+SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 
 # --------------------------------------------------------------------------- fixtures
 
@@ -33,10 +36,8 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="module")
-def spark(request):
-    session = spark_runner.local_session("local[2]", app_name="test-horovod-migration")
-    session.sparkContext.setLogLevel("ERROR")
-    request.addfinalizer(session.stop)
+def spark():
+    session = _spark.shared_session()  # never stopped here: see tests/_spark.py
     return session
 
 

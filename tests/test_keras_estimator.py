@@ -7,24 +7,22 @@ from __future__ import annotations
 
 import os
 
+import _spark
 import numpy as np
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import spark_runner
 from estimators import RingEstimator, RingModel, Store, demo, read_tensorboard_scalars
+
+SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 
 EPOCHS = 4
 
 
 @pytest.fixture(scope="module")
-def spark(request):
-    session = spark_runner.local_session(
-        "local[2]", app_name="test-keras-estimator", conf={"spark.sql.shuffle.partitions": "2"}
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    request.addfinalizer(session.stop)
+def spark():
+    session = _spark.shared_session()  # never stopped here: see tests/_spark.py
     return session
 
 

@@ -28,17 +28,19 @@ import json
 import os
 import sys
 
+import _spark
 import cloudpickle
 import numpy as np
 import pytest
 import torch
 
-import spark_runner
 from estimators import Callback, RingEstimator, Store, demo, read_tensorboard_scalars
 from estimators._lightning import LIGHTNING_PARAMS, lightning_values, refuse_lightning_params
 from estimators._params import ESTIMATOR_PARAMS
 from ringcore import WorkerError
 from ringcore.testing import run_workers
+
+SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 
 # --- RingStrategy on two ranks, against one process on the whole batch ---------------------
 
@@ -223,12 +225,9 @@ def _by_value():
 
 @pytest.fixture(scope="module")
 def spark():
-    session = spark_runner.local_session(
-        "local[2]", app_name="test-lightning-trainer", conf={"spark.sql.shuffle.partitions": "2"}
-    )
+    session = _spark.shared_session()  # never stopped here: see tests/_spark.py
     session.sparkContext.setLogLevel("FATAL")
-    yield session
-    session.stop()
+    return session
 
 
 @pytest.fixture(scope="module")

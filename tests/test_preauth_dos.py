@@ -17,6 +17,7 @@ import struct
 import threading
 import time
 
+import _spark
 import pytest
 from _reliability import record
 
@@ -24,6 +25,8 @@ from ringcore._auth import AuthenticationError, verify
 from ringcore._wire import HANDSHAKE_MAX, Channel, _refuse_deep_nesting, accept_handshake
 from spark_runner._logserver import MAX_HANDSHAKES, LogServer
 from spark_runner._output import LogConnection
+
+SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 
 SECRET = "s" * 64
 _HEADER = struct.Struct("!I")
@@ -228,9 +231,6 @@ def _secret_of_worker():
 def test_run_elastic_gives_every_worker_one_job_secret():
     import spark_runner
 
-    spark = spark_runner.local_session("local[2]", app_name="test_preauth_dos")
-    try:
-        secrets = spark_runner.run_elastic(_secret_of_worker, num_proc=2, stdout=io.StringIO())
-    finally:
-        spark.stop()
+    _spark.shared_session()  # not stopped here: see tests/_spark.py
+    secrets = spark_runner.run_elastic(_secret_of_worker, num_proc=2, stdout=io.StringIO())
     assert len(secrets) == 2 and secrets[0] == secrets[1] and len(secrets[0]) >= 32

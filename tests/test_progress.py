@@ -8,6 +8,7 @@ import logging
 import re
 import time
 
+import _spark
 import pytest
 import torch
 
@@ -15,6 +16,8 @@ import spark_runner
 from estimators import RingEstimator, Store, demo
 from ringcore.progress import ProgressDisplay, format_progress, progress_enabled
 from spark_runner import _run as spark_run
+
+SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 
 EPOCHS = 2
 
@@ -88,12 +91,8 @@ def test_progress_is_an_estimator_param_on_by_default():
 
 
 @pytest.fixture(scope="module")
-def spark(request):
-    session = spark_runner.local_session(
-        "local[2]", app_name="test-progress", conf={"spark.sql.shuffle.partitions": "2"}
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    request.addfinalizer(session.stop)
+def spark():
+    session = _spark.shared_session()  # never stopped here: see tests/_spark.py
     return session
 
 

@@ -27,11 +27,14 @@ import traceback
 import zlib
 from pathlib import Path
 
+import _spark
 import pytest
 from _reliability import record
 
 from ringcore import RendezvousError, WorkerError
 from ringcore.testing import run_workers
+
+SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 
 _HEADER = struct.Struct("!I")
 
@@ -455,21 +458,18 @@ def test_the_secrets_of_a_spark_job_never_appear_in_output_logs_task_failures_or
     secrets_dir = tmp_path / "secrets"
     secrets_dir.mkdir()
     out, err = io.StringIO(), io.StringIO()  # the task output, through the log server
-    spark = spark_runner.local_session("local[2]", app_name="test_security")
-    try:
-        res = spark_runner.run(_spark_leak_worker, num_proc=2, stdout=out, stderr=err, verbose=2)
-        with pytest.raises(WorkerError) as failed:
-            spark_runner.run(
-                _raising_worker,
-                args=(str(secrets_dir),),
-                num_proc=2,
-                stdout=out,
-                stderr=err,
-                verbose=2,
-            )
-        failure = _exception_texts(failed.value)  # Spark's text: while the JVM is up
-    finally:
-        spark.stop()
+    _spark.shared_session()  # not stopped here: see tests/_spark.py
+    res = spark_runner.run(_spark_leak_worker, num_proc=2, stdout=out, stderr=err, verbose=2)
+    with pytest.raises(WorkerError) as failed:
+        spark_runner.run(
+            _raising_worker,
+            args=(str(secrets_dir),),
+            num_proc=2,
+            stdout=out,
+            stderr=err,
+            verbose=2,
+        )
+    failure = _exception_texts(failed.value)  # Spark's text: while the JVM is up
     captured = capfd.readouterr()
     # what was searched holds what it should: the texts are the real ones
     assert "environment keys" in out.getvalue() and "RING_SECRET_KEY" in out.getvalue()

@@ -118,3 +118,17 @@ def test_run_without_a_session_says_how_to_make_one(spark):
         SparkSession._activeSession = active
         SparkSession._instantiatedSession = active
         active._jvm.SparkSession.setActiveSession(active._jsparkSession)
+
+
+@pytest.mark.timeout(180)
+def test_a_ring_after_a_one_rank_job_forms_on_the_python_workers_spark_reused(spark):
+    """Spark reuses Python workers across jobs: after a one-rank job, one worker has
+    formed one more ring than its peer. The next two-rank job must still form. It did
+    not when the ring's keys were prefixed by a count of rings kept per process: the
+    ranks waited for each other under two prefixes until RING_START_TIMEOUT."""
+    (alone,) = spark_runner.run(_describe, args=(0,), num_proc=1, verbose=0)
+    ring = spark_runner.run(
+        _describe, args=(1,), num_proc=2, env={"RING_START_TIMEOUT": "30"}, verbose=0
+    )
+    assert [r["sum"] for r in ring] == [3.0, 3.0] and alone["sum"] == 0.0
+    assert alone["pid"] in {r["pid"] for r in ring}  # a rank ran on the reused worker

@@ -7,6 +7,7 @@ import os
 import pickle
 import uuid
 
+import _spark
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -14,6 +15,8 @@ import pytest
 import torch
 
 from estimators import DBFSLocalStore, FsspecStore, LocalStore, Store, VolumeStore, default_store
+
+SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 
 
 @pytest.fixture
@@ -204,14 +207,8 @@ def test_store_create_refuses_an_empty_prefix():
 
 
 @pytest.fixture(scope="module")
-def spark(request):
-    import spark_runner
-
-    session = spark_runner.local_session(
-        "local[2]", app_name="test-stores", conf={"spark.sql.shuffle.partitions": "2"}
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    request.addfinalizer(session.stop)
+def spark():
+    session = _spark.shared_session()  # never stopped here: see tests/_spark.py
     return session
 
 

@@ -5,23 +5,21 @@ from __future__ import annotations
 
 import time
 
+import _spark
 import pytest
 import torch
 
-import spark_runner
 from estimators import Callback, RingEstimator, Store, demo
 from estimators._tensorboard import ScalarWriter, read_scalars, read_tensorboard_scalars
+
+SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 
 EPOCHS = 3
 
 
 @pytest.fixture(scope="module")
-def spark(request):
-    session = spark_runner.local_session(
-        "local[2]", app_name="test-tracking", conf={"spark.sql.shuffle.partitions": "2"}
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    request.addfinalizer(session.stop)
+def spark():
+    session = _spark.shared_session()  # never stopped here: see tests/_spark.py
     return session
 
 

@@ -1,0 +1,54 @@
+"""One SparkSession shared by the test modules that need nothing but ``local[2]``.
+
+A module's own session costs it a JVM start, a first job, and Python workers that import
+torch, pyarrow and the project cold (about 30 s on 2 cores before its first fit trains);
+the shared session pays that once per test process. A module that uses it says so with
+``SHARED_SPARK = True`` (conftest.py runs those modules first, so the session starts
+once), gets it from :func:`shared_session` and never stops it: conftest.py stops it when
+the test process ends. A module that needs another master or start-up setting calls
+:func:`own_session`, which stops the shared one first, and stops its own session itself.
+``spark_runner.local_session`` refuses to hand back a running session of other settings,
+so a module that forgets this fails naming the settings instead of running on the wrong
+master.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SHARED_MASTER = "local[2]"
+SHARED_CONF = {"spark.sql.shuffle.partitions": "2"}
+
+_shared: Any = None
+
+
+def shared_session() -> Any:
+    """The shared ``local[2]`` session, started on first use (again after a stop)."""
+    global _shared
+    import spark_runner
+
+    if _shared is None or _shared.sparkContext._jsc is None:
+        _shared = spark_runner.local_session(
+            SHARED_MASTER, app_name="ringtrain-tests", conf=SHARED_CONF, log_level="ERROR"
+        )
+    else:
+        _shared.sparkContext.setLogLevel("ERROR")  # a module may have changed it
+    return _shared
+
+
+def stop_shared() -> None:
+    """Stops the shared session if it runs (a no-op otherwise)."""
+    global _shared
+    if _shared is not None:
+        session, _shared = _shared, None
+        if session.sparkContext._jsc is not None:
+            session.stop()
+
+
+def own_session(master: str, **kwargs: Any) -> Any:
+    """A session of this module's own settings (``spark_runner.local_session``'s
+    arguments), after stopping the shared one; the caller stops it."""
+    import spark_runner
+
+    stop_shared()
+    return spark_runner.local_session(master, **kwargs)
