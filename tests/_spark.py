@@ -1,12 +1,12 @@
 """One SparkSession shared by the test modules that need nothing but ``local[2]``.
 
 A module's own session costs it a JVM start, a first job, and Python workers that import
-torch, pyarrow and the project cold (about 30 s on 2 cores before its first fit trains);
+torch, pyarrow and the project cold (about 45 s on 2 cores before its first fit trains);
 the shared session pays that once per test process. A module that uses it says so with
 ``SHARED_SPARK = True`` (conftest.py runs those modules first, so the session starts
-once), gets it from :func:`shared_session` and never stops it: conftest.py stops it when
-the test process ends. A module that needs another master or start-up setting calls
-:func:`own_session`, which stops the shared one first, and stops its own session itself.
+once), gets it from :func:`shared_session` and never stops it: conftest.py stops it
+before the first module not on it, and when the test process ends. A module of another
+master or start-up setting makes and stops its own session, as before.
 ``spark_runner.local_session`` refuses to hand back a running session of other settings,
 so a module that forgets this fails naming the settings instead of running on the wrong
 master.
@@ -43,12 +43,3 @@ def stop_shared() -> None:
         session, _shared = _shared, None
         if session.sparkContext._jsc is not None:
             session.stop()
-
-
-def own_session(master: str, **kwargs: Any) -> Any:
-    """A session of this module's own settings (``spark_runner.local_session``'s
-    arguments), after stopping the shared one; the caller stops it."""
-    import spark_runner
-
-    stop_shared()
-    return spark_runner.local_session(master, **kwargs)

@@ -26,18 +26,18 @@ def pytest_collection_modifyitems(session, config, items):
     """The modules on the shared SparkSession (tests/_spark.py) run first, in their
     usual order, then the rest in theirs: the session starts once, not once per run of
     shared modules between the others. Items of one module stay together."""
-    items.sort(key=lambda item: not _on_shared_spark(item))
+    items.sort(key=lambda item: not _on_shared_spark(getattr(item, "module", None)))
 
 
-def _on_shared_spark(item) -> bool:
-    return bool(getattr(getattr(item, "module", None), "SHARED_SPARK", False))
+def _on_shared_spark(module) -> bool:
+    return bool(getattr(module, "SHARED_SPARK", False))
 
 
 @pytest.fixture(autouse=True, scope="module")
 def _shared_spark_ends_before_the_other_modules(request):
     """The first module not on the shared session stops it: the rest of the suite runs
     without its JVM and Python workers, as before the session was shared."""
-    if not getattr(request.module, "SHARED_SPARK", False):
+    if not _on_shared_spark(request.module):
         import _spark
 
         _spark.stop_shared()
