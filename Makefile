@@ -15,14 +15,26 @@ S35_PYSPARK := 3.5.0
 EXTRAS := spark,petastorm,ray,tensorflow,lightning,mlflow,tensorboard,s3,mpi,notebooks,dev,s3-server
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # The installs go through uv (pinned, in build/uv: a few times faster than pip over three
-# venvs of ~200 packages), under the same constraints files. torch alone goes through pip:
-# pip's configuration (find-links) is what points at the CPU build on local disk, and
-# uv then keeps that torch (it satisfies the ==2.13.0 pin). --compile-bytecode: the
+# venvs of ~200 packages), under the same constraints files. --compile-bytecode: the
 # installed modules get their .pyc now, as pip's installs do (a process that imports
 # torch or pyspark from sources alone compiles them again, every time).
+# Disk: the three venvs and the pyspark builds come to about 7 GB. uv's cache lives in
+# build/ (the venvs' file system, so uv hard-links its files into every venv instead of
+# copying them) unless UV_CACHE_DIR says otherwise, and each install step drops
+# pyspark's entries from it at the end (pyspark comes only as a source archive, and uv
+# keeps the archive, its unpacked tree and the wheel built from it: 1.5 GB a version).
 UV_VERSION := 0.13.9
 UV := build/uv/bin/uv
+export UV_CACHE_DIR ?= $(CURDIR)/build/uv-cache
 UV_INSTALL = $(UV) pip install -q --compile-bytecode --python
+UV_DROP_PYSPARK = $(UV) cache clean -q pyspark
+# torch: pip chooses the file, once, into build/torch (pip's configuration on these
+# machines, find-links, points at the CPU build on local disk; a looser spec than
+# ==2.13.0 pulls a CUDA build of several GB), and uv installs that file into each venv:
+# one unpacked copy in uv's cache, hard-linked into the three venvs.
+TORCH_VERSION := 2.13.0
+TORCH_STAMP := build/torch/.downloaded
+TORCH_WHEEL = build/torch/torch-$(TORCH_VERSION)*.whl
 # The project's own sources are compiled before each test run, for the same reason: with
 # PYTHONDONTWRITEBYTECODE set (as on these machines) an editable install is never
 # compiled, and every rank, Spark and Ray worker the tests start compiled ringcore and
@@ -37,11 +49,14 @@ install: $(STAMP)
 $(UV):
 	$(PYTHON) -m pip install -q --target build/uv "uv==$(UV_VERSION)"
 
-$(STAMP): pyproject.toml constraints.txt Makefile | $(UV)
+$(TORCH_STAMP):
+	$(PYTHON) -m pip download -q --no-deps --dest build/torch "torch==$(TORCH_VERSION)"
+	touch $@
+
+$(STAMP): pyproject.toml constraints.txt Makefile $(TORCH_STAMP) | $(UV)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# torch first, pinned: the CPU build on local disk (a looser spec pulls a CUDA build).
-	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
-	$(UV_INSTALL) $(PY) -c constraints.txt -e ".[$(EXTRAS)]"
+	$(UV_INSTALL) $(PY) -c constraints.txt $(TORCH_WHEEL) -e ".[$(EXTRAS)]"
+	$(UV_DROP_PYSPARK)
 	$(PY) -m ringcore._stackcheck
 	touch $(STAMP)
 
@@ -65,10 +80,10 @@ test: $(STAMP) $(CUR_STAMP) $(S35_STAMP)
 CURRENT_TESTS := tests/test_data.py tests/test_stores.py tests/test_estimators.py \
 	tests/test_estimators_persistence.py tests/test_spark_runner.py tests/test_ray_runner.py
 
-$(CUR_STAMP): pyproject.toml constraints-current.txt Makefile | $(UV)
+$(CUR_STAMP): pyproject.toml constraints-current.txt Makefile $(TORCH_STAMP) | $(UV)
 	test -x $(CUR_PY) || $(PYTHON) -m venv $(CUR_VENV)
-	$(CUR_PY) -m pip install -q -c constraints-current.txt torch==2.13.0
-	$(UV_INSTALL) $(CUR_PY) -c constraints-current.txt -e ".[spark,ray,dev]"
+	$(UV_INSTALL) $(CUR_PY) -c constraints-current.txt $(TORCH_WHEEL) -e ".[spark,ray,dev]"
+	$(UV_DROP_PYSPARK)
 	$(CUR_PY) -m ringcore._stackcheck
 	touch $(CUR_STAMP)
 
@@ -85,11 +100,11 @@ test-current: $(CUR_STAMP)
 S35_TESTS := tests/test_data.py tests/test_stores.py tests/test_estimators.py \
 	tests/test_estimators_persistence.py tests/test_spark_runner.py
 
-$(S35_STAMP): pyproject.toml constraints-spark35.txt Makefile | $(UV)
+$(S35_STAMP): pyproject.toml constraints-spark35.txt Makefile $(TORCH_STAMP) | $(UV)
 	test -x $(S35_PY) || $(PYTHON) -m venv $(S35_VENV)
-	$(S35_PY) -m pip install -q -c constraints-spark35.txt torch==2.13.0
-	$(UV_INSTALL) $(S35_PY) -c constraints-spark35.txt "pyspark[connect]==$(S35_PYSPARK)"
+	$(UV_INSTALL) $(S35_PY) -c constraints-spark35.txt $(TORCH_WHEEL) "pyspark[connect]==$(S35_PYSPARK)"
 	$(UV_INSTALL) $(S35_PY) -c constraints-spark35.txt -e ".[spark,petastorm,dev]"
+	$(UV_DROP_PYSPARK)
 	$(S35_PY) -c "import importlib.metadata as m, sys; v = m.version('pyspark'); \
 		sys.exit(0 if v == '$(S35_PYSPARK)' else f'installing ringtrain replaced pyspark $(S35_PYSPARK) by {v}: the spark extra must not force a pyspark version')"
 	$(S35_PY) -m ringcore._stackcheck
@@ -111,8 +126,9 @@ S35_NEWEST_PYSPARK := 3.5.9
 S41_TESTS := tests/test_spark_connect.py tests/test_estimator_connect.py
 S35_NEWEST_TESTS := tests/test_spark_runner.py tests/test_estimators_persistence.py
 
-build/pyspark-%/.installed:
-	$(PY) -m pip install -q --no-deps --target build/pyspark-$* "pyspark==$*"
+build/pyspark-%/.installed: | $(UV)
+	$(UV) pip install -q --compile-bytecode --python $(PY) --no-deps --target build/pyspark-$* "pyspark==$*"
+	$(UV_DROP_PYSPARK)
 	touch $@
 
 test-spark41: $(CUR_STAMP) build/pyspark-$(S41_PYSPARK)/.installed
