@@ -11,26 +11,51 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 
+#: the Ray instance local_ray(shared=True) started, left running for the next shared module
+_shared_ray = False
+
 
 @contextlib.contextmanager
-def local_ray(module_name: str, num_cpus: int = 2) -> Iterator[None]:
+def local_ray(module_name: str, num_cpus: int = 2, shared: bool = False) -> Iterator[None]:
     """A local Ray instance with ``num_cpus`` CPUs on 127.0.0.1 (or the one already
     running, left running), with the test module ``module_name`` shipped to the actors
-    by value (they cannot import it); shut down on exit, even after a failure."""
+    by value (they cannot import it); shut down on exit, even after a failure.
+
+    ``shared``: the module marks itself ``SHARED_RAY = True`` and the instance outlives
+    it, for the next such module (conftest.py runs them one after another and stops
+    the instance, with :func:`stop_shared_ray`, before the first module not on it):
+    the Ray start and its workers' cold imports are paid once."""
     import sys
 
     import ray
 
+    global _shared_ray
     owns = not ray.is_initialized()
     if owns:
         ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1", include_dashboard=False)
+        _shared_ray = shared
+    elif shared and _shared_ray:
+        assert ray.cluster_resources().get("CPU") == num_cpus, (
+            f"the shared Ray instance has {ray.cluster_resources().get('CPU')} CPUs, this "
+            f"module asks for {num_cpus}: give it its own (shared=False)"
+        )
     ray.cloudpickle.register_pickle_by_value(sys.modules[module_name])
     try:
         yield
     finally:
         ray.cloudpickle.unregister_pickle_by_value(sys.modules[module_name])
-        if owns:
+        if owns and not shared:
             ray.shutdown()
+
+
+def stop_shared_ray() -> None:
+    """Shuts down the instance a shared module started (a no-op otherwise)."""
+    global _shared_ray
+    if _shared_ray:
+        _shared_ray = False
+        import ray
+
+        ray.shutdown()
 
 
 def free_port() -> int:

@@ -23,27 +23,42 @@ os.environ.setdefault("JAVA_TOOL_OPTIONS", TEST_JVM_OPTIONS)
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The modules on the shared SparkSession (tests/_spark.py) run first, in their
-    usual order, then the rest in theirs: the session starts once, not once per run of
-    shared modules between the others. Items of one module stay together."""
-    items.sort(key=lambda item: not _on_shared_spark(getattr(item, "module", None)))
+    """The modules on the shared SparkSession (tests/_spark.py) run first, those on the
+    shared Ray instance (``SHARED_RAY = True``, tests/_servers.py ``local_ray``) last
+    among them and right after, then the rest, each group in its usual order: the
+    session and the instance start once, not once per run of shared modules between
+    the others. Items of one module stay together."""
+
+    def group(item) -> int:
+        module = getattr(item, "module", None)
+        spark, ray = _on(module, "SHARED_SPARK"), _on(module, "SHARED_RAY")
+        return 0 if spark and not ray else 1 if spark else 2 if ray else 3
+
+    items.sort(key=group)  # a stable sort: each group keeps its order
 
 
-def _on_shared_spark(module) -> bool:
-    return bool(getattr(module, "SHARED_SPARK", False))
+def _on(module, marker: str) -> bool:
+    return bool(getattr(module, marker, False))
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _shared_spark_ends_before_the_other_modules(request):
-    """The first module not on the shared session stops it: the rest of the suite runs
-    without its JVM and Python workers, as before the session was shared."""
-    if not _on_shared_spark(request.module):
+def _shared_servers_end_before_the_other_modules(request):
+    """The first module not on the shared session (or the shared Ray instance) stops
+    it: the rest of the suite runs without its JVM, Ray daemons and workers, as
+    before they were shared."""
+    if not _on(request.module, "SHARED_SPARK"):
         import _spark
 
         _spark.stop_shared()
+    if not _on(request.module, "SHARED_RAY"):
+        import _servers
+
+        _servers.stop_shared_ray()
 
 
 def pytest_sessionfinish(session, exitstatus):
+    import _servers
     import _spark
 
     _spark.stop_shared()
+    _servers.stop_shared_ray()

@@ -24,14 +24,15 @@ from ray_runner import ElasticRayExecutor, RayExecutor, RaySettings, ray_logger 
 from ringcore import RingError, WorkerError  # noqa: E402
 
 SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
+SHARED_RAY = True  # on the suite's shared local Ray instance (tests/_servers.py local_ray)
 
 # --------------------------------------------------------------------------- fixtures
 
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """One local Ray instance with 2 CPUs for the module; always shut down."""
-    with local_ray(__name__):  # the worker functions here travel by value
+    """The suite's shared local Ray instance, 2 CPUs (tests/_servers.py local_ray)."""
+    with local_ray(__name__, shared=True):  # the worker functions travel by value
         yield
 
 

@@ -37,13 +37,15 @@ from ray_runner import (  # noqa: E402
 )
 from ray_runner._checkpoint import CheckpointStore  # noqa: E402
 
+SHARED_RAY = True  # on the suite's shared local Ray instance (tests/_servers.py local_ray)
+
 # --------------------------------------------------------------------------- fixtures
 
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """One local Ray instance with 2 CPUs for the module; always shut down."""
-    with local_ray(__name__):  # the worker functions here travel by value
+    """The suite's shared local Ray instance, 2 CPUs (tests/_servers.py local_ray)."""
+    with local_ray(__name__, shared=True):  # the worker functions travel by value
         yield
 
 

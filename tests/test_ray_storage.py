@@ -31,6 +31,7 @@ from ray_runner import (  # noqa: E402
 from ray_runner._storage import StorageError  # noqa: E402
 
 BUCKET = "ringruns"
+SHARED_RAY = True  # on the suite's shared local Ray instance (tests/_servers.py local_ray)
 SCORES = [0.5, 0.9, 0.1, 0.3]  # iteration -> score; max keeps 1 and 0, the latest 3 stays
 
 
@@ -61,7 +62,7 @@ def s3():
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    with local_ray(__name__):  # the worker functions here travel by value
+    with local_ray(__name__, shared=True):  # the worker functions travel by value
         yield
 
 

@@ -31,11 +31,12 @@ from ray_runner import (  # noqa: E402
 from ringcore.progress import ProgressDisplay  # noqa: E402
 
 REPORTS = 30
+SHARED_RAY = True  # on the suite's shared local Ray instance (tests/_servers.py local_ray)
 
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    with local_ray(__name__):  # the worker functions here travel by value
+    with local_ray(__name__, shared=True):  # the worker functions travel by value
         yield
 
 

@@ -52,8 +52,10 @@ def _hold_rank_1_until(go: Path, addr_file: Path) -> list[str]:
     orig_init, orig_execute = eng.Engine.__init__, eng.Engine._execute
 
     def init(self, backend, rank, size, addr, *args, **kwargs):
-        if rank == 0:
-            addr_file.write_text(json.dumps(list(addr)))
+        if rank == 0:  # whole or not at all: the attacker reads it once it exists
+            part = addr_file.with_name(addr_file.name + ".part")
+            part.write_text(json.dumps(list(addr)))
+            os.replace(part, addr_file)
         else:
             deadline = time.monotonic() + 60
             while not go.exists() and time.monotonic() < deadline:
