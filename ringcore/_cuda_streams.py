@@ -65,8 +65,12 @@ def join_streams(handle: Any) -> None:
     result on it is ordered after the collective (no host-side block), and results
     made on the side stream are marked as used by the caller's stream (so the caching
     allocator does not hand their memory to the side stream too early)."""
-    parts = getattr(handle, "parts", None) or [handle]
-    if all(getattr(p, "event", None) is None for p in parts):
+    parts = getattr(handle, "parts", None)
+    if not parts:  # one op's handle (a CPU op has no event): once per synchronize
+        if getattr(handle, "event", None) is None:
+            return
+        parts = [handle]
+    elif all(getattr(p, "event", None) is None for p in parts):
         return
     import torch
 

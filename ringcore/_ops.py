@@ -26,6 +26,8 @@ Product = ReduceOp.Product
 
 def resolve_op(average: bool | None, op: ReduceOp | int | None) -> ReduceOp:
     """Horovod's rule: ``average`` (deprecated) and ``op`` are exclusive; default Average."""
+    if type(op) is ReduceOp and average is None:  # the common call, once per op
+        return op
     if average is not None and op is not None:
         raise ValueError(
             f"allreduce got both average={average!r} and op={op!r}; pass only op= "
