@@ -289,6 +289,7 @@ class ElasticDriver:
     def abort(self, reason: str) -> None:
         """Publish a last generation that tells every waiting worker to stop with ``reason``."""
         self.generation += 1
+        log.warning("elastic: generation %d stops the job: %s", self.generation, reason)
         self.store.set(f"elastic/world/{self.generation}", json.dumps({"abort": reason}))
         self.store.add(GEN_KEY, 1)
         self.members = []
@@ -373,6 +374,16 @@ class ElasticDriver:
             world = {"abort": short}
         self.store.set(f"elastic/world/{self.generation}", json.dumps(world))
         self.store.add(GEN_KEY, 1)
+        if short is None:
+            log.info(
+                "elastic: generation %d of the ring: %d workers %s on hosts %s",
+                self.generation,
+                len(ids),
+                ids,
+                sorted(set(hosts)),
+            )
+        else:
+            log.warning("elastic: generation %d stops the job: %s", self.generation, short)
         self.members = list(ids)
         if self._first is None:
             self._first = self.generation

@@ -753,9 +753,13 @@ def test_run_elastic_goes_on_without_a_partitioned_host(
 # An elastic RingTrainer (2 to 4 workers) stepping with commits and a checkpoint every
 # 5 steps; rank 0 reports every step's allreduce and, from step 10 on 4 ranks, writes READY.
 _RAY_ELASTIC_DRIVER = """
-import faulthandler, json, os, signal, sys, time
+import faulthandler, json, logging, os, signal, sys, time
 import ray
 faulthandler.register(signal.SIGUSR1)  # the test dumps the driver's stacks if it hangs
+# the driver's membership decisions (workers lost, dropped, each generation) on stderr,
+# which the test shows when the fit fails or hangs
+logging.basicConfig(format="%(asctime)s %(name)s %(levelname)s %(message)s")
+logging.getLogger("ringtrain").setLevel(logging.INFO)
 from ray_runner import RingTrainer, RunConfig, ScalingConfig
 
 ray.init(address=sys.argv[1], _node_ip_address=sys.argv[2])
@@ -851,7 +855,7 @@ def test_elastic_ring_trainer_goes_on_without_a_partitioned_host(cluster, tmp_pa
                 out, err = driver.communicate()
                 pytest.fail(
                     f"the fit did not end 150 s after the cut\n--- driver stdout\n"
-                    f"{out[-3000:]}\n--- driver stderr\n{err[-8000:]}\n{workers}"
+                    f"{out[-3000:]}\n--- driver stderr\n{err[-16000:]}\n{workers}"
                 )
             done_at = time.time()
         finally:
