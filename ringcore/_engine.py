@@ -159,7 +159,7 @@ class Engine:
         self.votes = _fast_lane_votes(backend, size)
         self._exec_lock = threading.Lock()
         self._fast_busy = False
-        self._queued_at = 0.0  # when the last op was queued (the sender's idle wait)
+        self._queued = 0  # ops queued so far (the sender's idle wait watches it grow)
         self.fusion_threshold = cfg.get_int(
             cfg.FUSION_THRESHOLD_ENV_VAR, cfg.DEFAULT_FUSION_THRESHOLD
         )
@@ -234,7 +234,7 @@ class Engine:
                 mark_ready(handle)
                 handle.req = req
                 self.outbox.append(self._compact(key, req, handle))
-            self._queued_at = time.perf_counter()
+            self._queued += len(items)
             if wake and len(self.outbox) == len(items):  # it was empty: wake the sender
                 self._outbox_ready.notify()
 
@@ -409,11 +409,16 @@ class Engine:
             time.sleep(self.cycle_time_s)  # let a burst of submissions gather
             if self.votes is not None:
                 # the fast lane takes a whole burst when its caller waits: send only once
-                # no op has been queued for LANE_IDLE_S (ops submitted and left unwaited
-                # on still leave within that of the last one)
+                # no op was queued during a whole LANE_IDLE_S this thread watched (ops
+                # submitted and left unwaited on still leave within twice that of the
+                # last one). Counted, not timed from the last op: a pause of the
+                # submitting thread (a full garbage collection takes ~10 ms, with the
+                # GIL) would look like the end of its burst and send it away from the lane
                 idle = max(self.cycle_time_s, LANE_IDLE_S)
-                while (left := self._queued_at + idle - time.perf_counter()) > 0:
-                    time.sleep(left)
+                seen = -1
+                while (queued := self._queued) != seen:
+                    seen = queued
+                    time.sleep(idle)
             self.flush()
 
     def _compact(
