@@ -127,7 +127,7 @@ S41_TESTS := tests/test_spark_connect.py tests/test_estimator_connect.py
 S35_NEWEST_TESTS := tests/test_spark_runner.py tests/test_estimators_persistence.py
 
 build/pyspark-%/.installed: | $(UV)
-	$(UV) pip install -q --compile-bytecode --python $(PY) --no-deps --target build/pyspark-$* "pyspark==$*"
+	$(UV_INSTALL) $(PY) --no-deps --target build/pyspark-$* "pyspark==$*"
 	$(UV_DROP_PYSPARK)
 	touch $@
 

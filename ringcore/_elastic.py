@@ -288,10 +288,7 @@ class ElasticDriver:
 
     def abort(self, reason: str) -> None:
         """Publish a last generation that tells every waiting worker to stop with ``reason``."""
-        self.generation += 1
-        log.warning("elastic: generation %d stops the job: %s", self.generation, reason)
-        self.store.set(f"elastic/world/{self.generation}", json.dumps({"abort": reason}))
-        self.store.add(GEN_KEY, 1)
+        self._put({"abort": reason})
         self.members = []
 
     def _alive(self) -> Workers:
@@ -361,7 +358,6 @@ class ElasticDriver:
             if reason is not None:
                 self._stop(reason)
                 return
-        self.generation += 1
         # Host-major ranks (Horovod's numbering: a ring in rank order crosses each host
         # boundary once). Hosts in order of first appearance and workers of a host in
         # the launcher's order, so the first member (rank 0, whose state the others
@@ -372,18 +368,23 @@ class ElasticDriver:
         short = self.policy.short_ring(len(ids))
         if short is not None:
             world = {"abort": short}
-        self.store.set(f"elastic/world/{self.generation}", json.dumps(world))
-        self.store.add(GEN_KEY, 1)
-        if short is None:
-            log.info(
-                "elastic: generation %d of the ring: %d workers %s on hosts %s",
-                self.generation,
-                len(ids),
-                ids,
-                sorted(set(hosts)),
-            )
-        else:
-            log.warning("elastic: generation %d stops the job: %s", self.generation, short)
+        self._put(world)
         self.members = list(ids)
         if self._first is None:
             self._first = self.generation
+
+    def _put(self, world: dict[str, Any]) -> None:
+        """Publish ``world`` as the next generation, and log it (a stop as a warning)."""
+        self.generation += 1
+        self.store.set(f"elastic/world/{self.generation}", json.dumps(world))
+        self.store.add(GEN_KEY, 1)
+        if "abort" in world:
+            log.warning("elastic: generation %d stops the job: %s", self.generation, world["abort"])
+        else:
+            log.info(
+                "elastic: generation %d of the ring: %d workers %s on hosts %s",
+                self.generation,
+                len(world["workers"]),
+                world["workers"],
+                sorted(set(world["hosts"])),
+            )

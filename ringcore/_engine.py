@@ -412,8 +412,9 @@ class Engine:
                 # no op was queued during a whole LANE_IDLE_S this thread watched (ops
                 # submitted and left unwaited on still leave within twice that of the
                 # last one). Counted, not timed from the last op: a pause of the
-                # submitting thread (a full garbage collection takes ~10 ms, with the
-                # GIL) would look like the end of its burst and send it away from the lane
+                # submitting thread that holds the GIL (a full garbage collection: ~86 ms
+                # with torch imported) would look like the end of its burst and send it
+                # away from the lane
                 idle = max(self.cycle_time_s, LANE_IDLE_S)
                 seen = -1
                 while (queued := self._queued) != seen:

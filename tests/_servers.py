@@ -11,25 +11,26 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 
-#: the Ray instance local_ray(shared=True) started, left running for the next shared module
+#: the Ray instance a SHARED_RAY module started, left running for the next such module
 _shared_ray = False
 
 
 @contextlib.contextmanager
-def local_ray(module_name: str, num_cpus: int = 2, shared: bool = False) -> Iterator[None]:
+def local_ray(module_name: str, num_cpus: int = 2) -> Iterator[None]:
     """A local Ray instance with ``num_cpus`` CPUs on 127.0.0.1 (or the one already
     running, left running), with the test module ``module_name`` shipped to the actors
     by value (they cannot import it); shut down on exit, even after a failure.
 
-    ``shared``: the module marks itself ``SHARED_RAY = True`` and the instance outlives
-    it, for the next such module (conftest.py runs them one after another and stops
-    the instance, with :func:`stop_shared_ray`, before the first module not on it):
-    the Ray start and its workers' cold imports are paid once."""
+    A module that marks itself ``SHARED_RAY = True`` leaves the instance running for
+    the next such module (conftest.py runs them one after another and stops the
+    instance, with :func:`stop_shared_ray`, before the first module not on it): the Ray
+    start and its workers' cold imports are paid once."""
     import sys
 
     import ray
 
     global _shared_ray
+    shared = bool(getattr(sys.modules[module_name], "SHARED_RAY", False))
     owns = not ray.is_initialized()
     if owns:
         ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1", include_dashboard=False)
@@ -37,7 +38,7 @@ def local_ray(module_name: str, num_cpus: int = 2, shared: bool = False) -> Iter
     elif shared and _shared_ray:
         assert ray.cluster_resources().get("CPU") == num_cpus, (
             f"the shared Ray instance has {ray.cluster_resources().get('CPU')} CPUs, this "
-            f"module asks for {num_cpus}: give it its own (shared=False)"
+            f"module asks for {num_cpus}: give it its own (no SHARED_RAY)"
         )
     ray.cloudpickle.register_pickle_by_value(sys.modules[module_name])
     try:

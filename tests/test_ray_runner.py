@@ -45,7 +45,7 @@ SHARED_RAY = True  # on the suite's shared local Ray instance (tests/_servers.py
 @pytest.fixture(scope="module")
 def ray_cluster():
     """The suite's shared local Ray instance, 2 CPUs (tests/_servers.py local_ray)."""
-    with local_ray(__name__, shared=True):  # the worker functions travel by value
+    with local_ray(__name__):  # the worker functions here travel by value
         yield
 
 

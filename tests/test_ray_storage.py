@@ -62,7 +62,7 @@ def s3():
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    with local_ray(__name__, shared=True):  # the worker functions travel by value
+    with local_ray(__name__):  # the worker functions here travel by value
         yield
 
 

@@ -36,7 +36,7 @@ SHARED_RAY = True  # on the suite's shared local Ray instance (tests/_servers.py
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    with local_ray(__name__, shared=True):  # the worker functions travel by value
+    with local_ray(__name__):  # the worker functions here travel by value
         yield
 
 
