@@ -167,6 +167,7 @@ class Engine:
         self.members: dict[int, list[int]] = {0: list(range(size))}
         self.counters: dict[str, itertools.count] = {}
         self.outbox: list[Request | CachedRequest | CachedId] = []
+        self._bare: dict[int, CachedId] = {}
         self._send_lock = threading.Lock()
         self._outbox_ready = threading.Condition(self._lock)
         self.cycle_time_s = cycle_time_s
@@ -437,7 +438,10 @@ class Engine:
         learnt = self.cids.get(cid)
         if learnt is not None and req.splits is None and learnt[1] == req.shape:
             self.stats["sent_id"] += 1
-            return CachedId(cid)
+            bare = self._bare.get(cid)  # one per id, not one per op: less for the collector
+            if bare is None:
+                bare = self._bare[cid] = CachedId(cid)
+            return bare
         self.stats["sent_cached"] += 1
         return req.cached(cid)
 
@@ -639,7 +643,7 @@ class Engine:
 
     def _finish(self, h: Handle, value: Any) -> None:
         try:
-            h.resolve(h.finish(value) if h.finish else value)
+            h.resolve(h.output(value))
         except Exception as exc:
             h.resolve(error=exc)
 

@@ -62,10 +62,21 @@ class Handle:
     # execution state
     tensor: torch.Tensor | None = None  # the buffer the collective runs on (output)
     finish: Any = None  # callable(result) -> user result
+    into: torch.Tensor | None = None  # in place: the result lands in this (the caller's) tensor
     submitted: float = field(default_factory=time.perf_counter)
     sig: tuple | None = None  # the request's signature, for the response cache
     req: Any = None  # the request as submitted (the fast lane reads its fields)
     event: Any = None  # CUDA: ready on the submitting stream after this event (see _cuda_streams)
+
+    def output(self, value: Any) -> Any:
+        """What the caller gets for the backend's ``value``: written into ``into`` (copied
+        only where the backend worked on another buffer, e.g. bool carried as uint8), or
+        ``finish(value)``. ``into`` is a field, not a closure made per op: a closure is
+        three more objects per op for the garbage collector to track."""
+        if self.into is not None:
+            t = self.into
+            return t if value.data_ptr() == t.data_ptr() else t.copy_(value)
+        return self.finish(value) if self.finish else value
 
     def resolve(self, result: Any = None, error: BaseException | None = None) -> None:
         self.result, self.error = result, error

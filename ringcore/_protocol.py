@@ -117,8 +117,14 @@ class Request:
 
     def signature(self) -> tuple:
         """What a cache id stands for: the values of :data:`AGREE_FIELDS` (read in one
-        C call: the engine asks it once per op)."""
-        return _SIGNATURE(self)
+        C call), kept on the request: the bindings reuse one request per name, and a new
+        tuple per op would be one more object for the garbage collector to track. Only
+        non-agree fields differ between a request and what ``expand`` makes of it, so a
+        copied ``_sig`` stays true."""
+        sig = self.__dict__.get("_sig")
+        if sig is None:
+            sig = self.__dict__["_sig"] = _SIGNATURE(self)
+        return sig
 
     def cached(self, cache_id: int) -> CachedRequest:
         """This request as sent once the coordinator knows it under ``cache_id``."""

@@ -131,16 +131,6 @@ def _request(kind: str, name: str, tensor: torch.Tensor, ps: int, **extra: Any) 
     )
 
 
-def _into(tensor: torch.Tensor):
-    """The finish of an in-place op: the result lands in ``tensor`` (copied back only
-    when the backend worked on another buffer, e.g. bool carried as uint8)."""
-
-    def finish(buf: torch.Tensor) -> torch.Tensor:
-        return tensor if buf.data_ptr() == tensor.data_ptr() else tensor.copy_(buf)
-
-    return finish
-
-
 def _back_to(dtype: torch.dtype):
     return lambda t: t if t.dtype == dtype else t.to(dtype)
 
@@ -256,7 +246,7 @@ def _allreduce_start(
     name = name or eng.auto_name("allreduce")
     req = _allreduce_req(tensor, name, rop, prescale_factor, postscale_factor, process_set, what)
     if inplace:
-        handle = Handle(name, "allreduce", tensor=_wire(tensor), finish=_into(tensor))
+        handle = Handle(name, "allreduce", tensor=_wire(tensor), into=tensor)
     else:
         handle = _input_handle(name, tensor)
     return _register(eng.submit(handle, req, now=now))
@@ -361,11 +351,7 @@ def _grouped_allreduce_async(
             "grouped_allreduce",
             group=(gid, len(tensors)),
         )
-        if inplace:
-            wire, finish = _wire(t), _into(t)
-            h = Handle(n, "allreduce", tensor=wire, finish=finish)
-        else:
-            h = _input_handle(n, t)
+        h = Handle(n, "allreduce", tensor=_wire(t), into=t) if inplace else _input_handle(n, t)
         items.append((h, req))
         handles.append(h)
     eng.submit_many(items)
@@ -591,7 +577,7 @@ def broadcast_async_(
     wire = _wire(tensor)
 
     req = _request("broadcast", name, tensor, ps, root=int(root_rank))
-    return _register(eng.submit(Handle(name, "broadcast", tensor=wire, finish=_into(tensor)), req))
+    return _register(eng.submit(Handle(name, "broadcast", tensor=wire, into=tensor), req))
 
 
 def broadcast_async(
