@@ -134,6 +134,9 @@ AUTOTUNE_ENV_VAR = "RING_AUTOTUNE"
 # "0": every op goes through the coordinator, also on a one-host shared-memory group
 FAST_LANE_ENV_VAR = "RING_FAST_LANE"
 AUTOTUNE_LOG_ENV_VAR = "RING_AUTOTUNE_LOG"
+# "0": init() leaves the collector's view of the heap alone (see _gc: on, it freezes
+# the heap that init() finds and shutdown() thaws it)
+GC_FREEZE_ENV_VAR = "RING_GC_FREEZE"
 
 
 def get_bool(name: str, default: bool = False) -> bool:

@@ -23,6 +23,7 @@ from . import _state as _st
 from ._auth import job_secret, new_secret
 from ._backends import lookup_backend, requested_backend
 from ._errors import RendezvousError
+from ._gc import freeze_heap, thaw_heap
 from ._rendezvous import Rendezvous, read_environment
 from ._state import (
     backend_name,
@@ -132,6 +133,7 @@ def _init_locked(process_sets: Any) -> None:
         _st.current = None
         _teardown(state)
         raise
+    freeze_heap()  # the job is up: a full collection no longer walks the imports (_gc)
     log.debug("rank %d/%d joined through %s", rdv.topology.rank, rdv.topology.size, rdv.source)
 
 
@@ -284,6 +286,7 @@ def _teardown(state: _st.RuntimeState) -> None:
     _st.timeline.stop()
     if state.connection.close is not None:  # e.g. destroy the process group we formed
         state.connection.close()
+    thaw_heap()
 
 
 def shutdown() -> None:
