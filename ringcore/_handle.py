@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import _thread
-import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,8 +37,10 @@ class Done:
     def set(self) -> None:
         if not self._flag:
             self._flag = True
-            with contextlib.suppress(RuntimeError):  # a concurrent set() released it first
+            try:  # noqa: SIM105  (once per op: contextlib.suppress costs more)
                 self._lock.release()
+            except RuntimeError:  # a concurrent set() released it first
+                pass
 
     def wait(self, timeout: float | None = None) -> bool:
         if self._flag:
@@ -73,9 +74,11 @@ class Handle:
         only where the backend worked on another buffer, e.g. bool carried as uint8), or
         ``finish(value)``. ``into`` is a field, not a closure made per op: a closure is
         three more objects per op for the garbage collector to track."""
-        if self.into is not None:
-            t = self.into
-            return t if value.data_ptr() == t.data_ptr() else t.copy_(value)
+        t = self.into
+        if t is not None:
+            if value is t or value.data_ptr() == t.data_ptr():
+                return t
+            return t.copy_(value)
         return self.finish(value) if self.finish else value
 
     def resolve(self, result: Any = None, error: BaseException | None = None) -> None:

@@ -475,3 +475,32 @@ def test_ring_log_level_sets_the_ringtrain_loggers_and_rejects_unknown_levels(mo
     finally:
         logger.setLevel(before)
         logger.handlers[:] = handlers
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda torch: [torch.arange(n, dtype=torch.float32) + n for n in (1024, 3, 0, 7)],
+        lambda torch: [torch.arange(40.0)[::2], torch.arange(9.0)[1::3]],  # strided vectors
+        lambda torch: [torch.arange(12.0).view(3, 4), torch.arange(5.0), torch.ones(2, 2, 2)],
+        lambda torch: [torch.arange(12.0).view(3, 4).t(), torch.arange(6.0)],  # not contiguous
+    ],
+    ids=["vectors", "strided-vectors", "mixed-ranks", "transposed"],
+)
+def test_the_fusion_buffer_round_trips_every_layout(make):
+    """The engine's fusion copies (``_flatten``: one buffer in order; ``_unflatten``: views
+    of it shaped like each tensor) give back every tensor's values, whichever path a
+    layout takes (flat vectors are concatenated and split; the rest go through torch's
+    dense-tensor flattening)."""
+    import torch
+
+    from ringcore._engine import _flatten, _unflatten
+
+    bufs = make(torch)
+    flat = _flatten(bufs)
+    assert flat.dim() == 1 and flat.numel() == sum(b.numel() for b in bufs)
+    assert torch.equal(flat, torch.cat([b.reshape(-1) for b in bufs]))
+    views = _unflatten(flat * 2, bufs)
+    assert [v.shape for v in views] == [b.shape for b in bufs]
+    for v, b in zip(views, bufs):
+        assert torch.equal(v, b * 2)
