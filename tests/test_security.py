@@ -349,11 +349,19 @@ def _launcher_secrets() -> list[str]:
     import gc
 
     ring = os.environ["RING_SECRET_KEY"]
-    specs = [
-        o
-        for o in gc.get_objects()
-        if type(o).__name__ == "TaskSpec" and getattr(o, "ring_secret", None) == ring
-    ]
+    # init() froze the heap for the collector (ringcore._gc), and gc.get_objects() lists
+    # only what is not frozen: the task's spec, made before init(), is frozen
+    frozen = gc.get_freeze_count()
+    gc.unfreeze()
+    try:
+        specs = [
+            o
+            for o in gc.get_objects()
+            if type(o).__name__ == "TaskSpec" and getattr(o, "ring_secret", None) == ring
+        ]
+    finally:
+        if frozen:
+            gc.freeze()
     return [ring] + [spec.secret for spec in specs[:1]]
 
 
