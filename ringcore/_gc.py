@@ -2,7 +2,7 @@
 thawed at ``shutdown()``.
 
 A full collection walks every tracked object of the process. With torch imported
-that is ~500,000 objects, almost all of them from imports, and one collection holds
+that is ~170,000 objects, almost all of them from imports, and one collection holds
 the GIL for ~90 ms on this project's test machines. The engine's per-op objects (a
 handle, its event, a key) survive the young collections of a burst of async ops, so
 about every 10th young-generation pass a full one runs: a 1,000-op burst that takes
@@ -16,9 +16,9 @@ optimizer, per-step tensors) is tracked and collected as before. ``shutdown()``
 is collected after it, and a process that runs several jobs (a reused Spark Python
 worker, a notebook kernel) keeps nothing for good.
 
-A heap someone else froze (``gc.get_freeze_count()`` > 0 at ``init()``) is left as it
-is, and so is a heap frozen by a second ``init()`` of the same process.
-``RING_GC_FREEZE=0`` turns this off.
+A heap already frozen at ``init()`` (``gc.get_freeze_count()`` > 0: someone else
+froze it) is left as it is, and ``shutdown()`` thaws only what ``init()`` froze; an
+``init()`` after ``shutdown()`` freezes again. ``RING_GC_FREEZE=0`` turns this off.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ _frozen_here = False
 def freeze_heap() -> None:
     """Collect, then freeze what is alive (``init()``, once the job is up)."""
     global _frozen_here
-    if _frozen_here or not cfg.get_bool(cfg.GC_FREEZE_ENV_VAR, True):
+    if not cfg.get_bool(cfg.GC_FREEZE_ENV_VAR, True):
         return
     if gc.get_freeze_count():
         log.debug("the heap was already frozen (%d objects): left as it is", gc.get_freeze_count())
