@@ -42,7 +42,7 @@ TORCH_WHEEL = build/torch/torch-$(TORCH_VERSION)*.whl
 # which git ignores; a stale one is never used (Python checks the source's mtime).
 PY_SOURCES := ringcore spark_runner ray_runner estimators tests bench tools notebooks
 
-.PHONY: demo test test-current test-spark35 test-spark41 test-spark35-newest soak bench lint install clean reliability conformance cluster-up cluster-down
+.PHONY: demo test test-current test-spark35 test-spark41 test-spark35-newest soak bench lint install clean reliability conformance conformance-examples cluster-up cluster-down
 
 install: $(STAMP)
 
@@ -180,6 +180,13 @@ conformance: $(STAMP)
 	@test -n "$(HOROVOD_SRC)" || { echo "make conformance HOROVOD_SRC=<a Horovod checkout or git dir>"; exit 2; }
 	$(PY) -m pip install -q -c constraints.txt -e ".[conformance]"
 	$(PY) tools/conformance.py --horovod-src "$(HOROVOD_SRC)" $(CONFORMANCE_ARGS)
+
+# Horovod's own examples (tensorflow2, keras, pytorch, elastic, ray) run unchanged through
+# the shim -> the examples section of docs/conformance.md (3-5 min on 2 cores). Not part
+# of make test.
+conformance-examples: $(STAMP)
+	@test -n "$(HOROVOD_SRC)" || { echo "make conformance-examples HOROVOD_SRC=<a Horovod checkout or git dir>"; exit 2; }
+	$(PY) tools/examples.py --horovod-src "$(HOROVOD_SRC)" $(EXAMPLES_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -20,8 +20,10 @@
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import posixpath
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,7 +32,7 @@ from pyspark.ml import Estimator
 from pyspark.ml.util import MLReadable, MLWritable
 from pyspark.sql import DataFrame, SparkSession
 
-from ringcore.progress import progress_enabled
+from ringcore.progress import progress_enabled, say
 from spark_runner import is_connect
 
 from ._accessors import EstimatorAccessors
@@ -53,6 +55,8 @@ from ._persistence import RingEstimatorReader, RingEstimatorWriter
 from ._prepare import PreparedData, check_parquet_columns, describe_parquet, prepare_data
 from ._report import HistoryPrinter
 from ._store import TRAIN_DATA, VAL_DATA, Store
+
+_log = logging.getLogger("ringtrain.estimators")
 
 __all__ = ["RingEstimator"]
 
@@ -310,6 +314,8 @@ class RingEstimator(EstimatorAccessors, Estimator, MLWritable, MLReadable["RingE
             fn, args = _with_env, (fn, dict(cfg.knobs.backend_env), *args)
         tracker = MlflowTracker(cfg)  # params now, each epoch as it lands, FAILED on error
         show = cfg.verbose >= 1 and progress_enabled(self.getOrDefault("progress"))
+        started = time.monotonic()
+        say(_log, cfg.verbose, 1, "fitting run %s on %d workers", cfg.run_id, cfg.num_proc)
         with HistoryPrinter(
             cfg.store, cfg.run_id, cfg.epochs, cfg.verbose >= 1, None, show, tracker.log_epoch
         ) as printer:
@@ -318,7 +324,9 @@ class RingEstimator(EstimatorAccessors, Estimator, MLWritable, MLReadable["RingE
             except BaseException:
                 tracker.fail()
                 raise
-            printer.finish(history)
+            printer.finish(history)  # every epoch's line and the last progress, then ours
+        elapsed = time.monotonic() - started
+        say(_log, cfg.verbose, 1, "fit finished on %d workers in %.1f s", cfg.num_proc, elapsed)
         tracker.finish(history)
         return history
 

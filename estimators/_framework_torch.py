@@ -31,6 +31,7 @@ import fsspec
 import numpy as np
 import torch
 
+from ._checkpoints import read_checkpoint
 from ._frameworks import TORCH, Predictor
 from ._knobs import TrainingKnobs, scheduler_payload
 from ._metrics import resolve_metrics
@@ -63,7 +64,7 @@ class TorchFramework:
         return train, (train_spec(cfg, data, lightning=False),)
 
     def load_checkpoint(self, cfg: Any) -> torch.nn.Module:
-        raw = cfg.store.read_bytes(cfg.store.get_checkpoint_path(cfg.run_id))
+        raw = read_checkpoint(cfg.store, cfg.run_id)  # the newest whole one: a torn one is passed
         # map_location: a checkpoint of an older run may hold CUDA tensors; the driver may have no GPU
         checkpoint = torch.load(io.BytesIO(raw), weights_only=True, map_location="cpu")
         model = copy.deepcopy(cfg.model)

@@ -29,10 +29,13 @@ __all__ = ["check_slots", "launch", "spark_launcher"]
 
 
 def spark_launcher(fn: Callable[..., Any], args: tuple, num_proc: int) -> list[Any]:
-    """Run ``fn(*args)`` on ``num_proc`` tasks of one Spark barrier stage."""
+    """Run ``fn(*args)`` on ``num_proc`` tasks of one Spark barrier stage. The stage's
+    own launch and end lines go to DEBUG (``verbose=0``): the fit says its own, the end
+    line after every epoch's line (rank 0's epochs reach the driver through the store,
+    after the stage's end)."""
     import spark_runner
 
-    return spark_runner.run(fn, args=args, num_proc=num_proc)
+    return spark_runner.run(fn, args=args, num_proc=num_proc, verbose=0)
 
 
 def check_slots(spark: Any, num_proc: int) -> None:

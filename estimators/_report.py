@@ -65,7 +65,9 @@ class HistoryPrinter:
         self._on_epoch = on_epoch
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._printed = len(self._read(self._path))  # epochs of an earlier fit of this run_id
+        earlier = list(self._read(self._path))  # epochs of an earlier fit of this run_id
+        self._printed = len(earlier)
+        self._last_epoch = int(earlier[-1].get("epoch", 0)) if earlier else 0
         self._seen_progress = self._read(self._progress_path, None)  # an earlier fit's
         self.display = ProgressDisplay(self._out) if progress else None
         self._thread: threading.Thread | None = None
@@ -87,21 +89,41 @@ class HistoryPrinter:
                         print(line, file=self._out, flush=True)
                 if self._on_epoch is not None:
                     self._on_epoch(entry)
+                self._last_epoch = int(entry.get("epoch", self._last_epoch))
             self._printed = max(self._printed, len(history))
 
-    def _show_progress(self) -> None:
-        progress = self._read(self._progress_path, None)
+    def _show_progress(self, progress: Any) -> None:
         if isinstance(progress, dict) and progress != self._seen_progress:
             self._seen_progress = None  # from now on every change is this fit's
             with self._lock:
                 if self.display is not None:
                     self.display.update(progress)
 
+    def _emit(self, progress: Any, history: list[dict[str, Any]], final: bool = False) -> None:
+        """The epoch lines of ``history`` not printed yet and rank 0's ``progress``, in
+        the order they happened: the epochs before the progress's own, the progress,
+        then the rest. A plain progress line whose epoch's line is out already (read
+        before rank 0 wrote that epoch's history) is stale and not shown; ``final``:
+        the progress gets its plain line now (the last step)."""
+        epoch = progress.get("epoch") if isinstance(progress, dict) else None
+        if self.display is None or not isinstance(epoch, int):
+            self._print_new(history)
+            if self.display is not None:
+                self._show_progress(progress)
+            return
+        self._print_new([e for e in history if e.get("epoch", 0) < epoch])
+        if epoch > self._last_epoch or self.display.kind != "plain":
+            self._show_progress(progress)
+            if final:
+                self.display.flush()
+        self._print_new(history)
+
     def _poll(self) -> None:
         while not self._stop.wait(_POLL_S):
-            if self.display is not None:
-                self._show_progress()
-            self._print_new(list(self._read(self._path)))
+            # progress read before the history: rank 0 writes a step's progress before
+            # the history of its epoch's end, so what is read is in order (_emit)
+            progress = self._read(self._progress_path, None) if self.display else None
+            self._emit(progress, list(self._read(self._path)))
 
     def __enter__(self) -> HistoryPrinter:
         if self.display is not None:
@@ -114,13 +136,12 @@ class HistoryPrinter:
         return self
 
     def finish(self, history: list[dict[str, Any]]) -> None:
-        """Stop polling, show rank 0's last progress, and print (and hand on) the epochs
-        of ``history`` not seen yet."""
+        """Stop polling, then print (and hand on) the epochs of ``history`` not seen yet
+        and rank 0's last progress, in order; every line is out when this returns."""
         self._stop_polling()
-        if self.display is not None:
-            self._show_progress()  # the last step, written after the poller's last look
+        progress = self._read(self._progress_path, None) if self.display else None
+        self._emit(progress, history, final=True)  # the last step, after the poller's look
         self._close()
-        self._print_new(history)
 
     def _stop_polling(self) -> None:
         self._stop.set()

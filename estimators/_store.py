@@ -9,7 +9,11 @@ Layout under the prefix (as Horovod's)::
     <prefix>/runs/<run_id>/logs/history.json         the per-epoch metrics so far
 
 (Runs written before this layout kept ``runs/<run_id>/checkpoint.pt``; a fit of such a
-run resumes from it.)
+run resumes from it.) Beside ``checkpoint.pt``: the one before it (``.prev``) and the
+claim of the attempt that owns the run (``writer.json``). An :class:`FsspecStore` keeps
+each writer's checkpoints in a folder of its own instead,
+``checkpoint/writer-<fit>-<attempt>/checkpoint.pt``: :meth:`Store.find_checkpoint` says
+which file is the run's checkpoint on any store (``estimators._checkpoints``).
 
 ``Store.create(prefix, storage_options=None)`` picks the implementation:
 
@@ -45,9 +49,7 @@ through it.
 from __future__ import annotations
 
 import abc
-import contextlib
 import errno
-import glob
 import json
 import logging
 import os
@@ -57,13 +59,24 @@ import shutil
 import tempfile
 import threading
 import uuid
-import zipfile
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, ClassVar
 
+from ._atomic import PREVIOUS_SUFFIX, write_file
+from ._checkpoints import (
+    CHECKPOINT_FILE,
+    WRITER_FILE,
+    ClaimUnreadableError,
+    InPlaceCheckpoints,
+    PerWriterCheckpoints,
+    StaleWriterError,
+    checkpoint_problem,
+    worth_keeping,
+)
+
 __all__ = [
+    "ClaimUnreadableError",
     "DBFSLocalStore",
     "FsspecStore",
     "LocalDiskFullError",
@@ -79,10 +92,7 @@ log = logging.getLogger("ringtrain.estimators")
 TRAIN_DATA = "intermediate_train_data"
 VAL_DATA = "intermediate_val_data"
 DATA_CLAIM = ".intermediate_data_claim"  # hidden: not data itself
-CHECKPOINT_FILE = "checkpoint.pt"
-PREVIOUS_SUFFIX = ".prev"  # the checkpoint before the newest, kept for a crash
 HISTORY_FILE = "history.json"
-WRITER_FILE = "writer.json"  # which fit and stage attempt owns the run's checkpoints
 DBFS_ROOT_ENV_VAR = "RING_DBFS_ROOT"
 DEFAULT_DBFS_ROOT = "/dbfs"
 DATABRICKS_ENV_VAR = "DATABRICKS_RUNTIME_VERSION"
@@ -115,28 +125,10 @@ def _keeps_previous(path: str) -> bool:
     return posixpath.basename(path) == CHECKPOINT_FILE
 
 
-def _fsync_path(path: str, directory: bool = False) -> None:
-    """fsync ``path``; a filesystem that cannot fsync (a folder on some FUSE mounts) is
-    let be, any other failure (EIO: the data did not reach the disk) raises."""
-    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
-
-
 class LocalDiskFullError(RuntimeError):
     """A worker's local disk filled up while it copied the training data from a remote
     store (not an OSError on purpose: the store itself is fine, and the estimator's
     store-failure message must not claim otherwise)."""
-
-
-class StaleWriterError(RuntimeError):
-    """A zombie attempt tried to write a run's checkpoint after a newer one took the run
-    over: the write is refused and the run's checkpoints stay the newer attempt's."""
 
 
 class Store(abc.ABC):
@@ -225,93 +217,49 @@ class Store(abc.ABC):
     def get_writer_path(self, run_id: str) -> str:
         return posixpath.join(self.get_checkpoints_path(run_id), WRITER_FILE)
 
-    # --- who may write a run's checkpoints --------------------------------------------
+    # --- who may write a run's checkpoints (estimators._checkpoints) -----------------
     #
     # A writer is (fit, attempt): the driver's time_ns() when the fit started and the
-    # Spark stage attempt. Rank 0 of each attempt claims the run when it starts; before
-    # every checkpoint it checks that no newer writer has claimed it since. A zombie (an
-    # attempt Spark gave up on whose process still runs: a partitioned executor, a
-    # retried stage's straggler) thus never overwrites the newer attempt's checkpoint.
+    # Spark stage attempt. Rank 0 of each attempt claims the run when it starts; from
+    # then on no older writer's checkpoint (a zombie attempt's) is ever the one read.
 
-    def _writer(self, run_id: str) -> tuple[int, int] | None:
-        path = self.get_writer_path(run_id)
-        if not self.exists(path):
-            return None
-        try:
-            raw = self.read_json(path)
-            return int(raw["fit"]), int(raw["attempt"])
-        except (ValueError, KeyError, TypeError, OSError):
-            return None  # a torn claim (a crash while it was written) claims nothing
-
-    def _refuse_if_stale(self, run_id: str, writer: tuple[int, int], doing: str) -> None:
-        newest = self._writer(run_id)
-        if newest is not None and newest > writer:
-            raise StaleWriterError(
-                f"run {run_id!r}: this task (fit {writer[0]}, stage attempt {writer[1]}) "
-                f"would {doing}, but a newer attempt (fit {newest[0]}, stage attempt "
-                f"{newest[1]}) owns the run's checkpoints now; it stops without writing. "
-                "This is a zombie attempt left behind by a retried stage or a later fit "
-                "of the same run_id: nothing to fix unless it keeps happening."
-            )
+    @property
+    @abc.abstractmethod
+    def _checkpoints(self) -> InPlaceCheckpoints | PerWriterCheckpoints:
+        """How this store keeps run checkpoints: in place under a lock, or per writer."""
 
     def claim_run(self, run_id: str, writer: tuple[int, int]) -> None:
         """The run's checkpoints are ``writer``'s from now on (rank 0, as an attempt
-        starts); a StaleWriterError when a newer writer claimed them already."""
-        self._refuse_if_stale(run_id, writer, "claim the run")
-        self.write_json(self.get_writer_path(run_id), {"fit": writer[0], "attempt": writer[1]})
+        starts); a StaleWriterError when a newer writer claimed them already, a
+        ClaimUnreadableError when the claim cannot be read (the store failing)."""
+        self._checkpoints.claim(run_id, (int(writer[0]), int(writer[1])))
 
     def write_checkpoint(
         self, run_id: str, writer: tuple[int, int], write: Callable[[BinaryIO], object]
     ) -> None:
-        """:meth:`write_atomic` of the run's checkpoint, unless a newer writer than
-        ``writer`` has claimed the run (then a StaleWriterError, nothing written)."""
-        self._refuse_if_stale(run_id, writer, "write a checkpoint")
-        self.write_atomic(self.get_checkpoint_path(run_id), write)
+        """Write the run's checkpoint with ``write(file)``, whole or not at all, keeping
+        the one before it; a StaleWriterError (nothing written) when a newer writer than
+        ``writer`` has claimed the run, checked at the commit point."""
+        self._checkpoints.write(run_id, (int(writer[0]), int(writer[1])), write)
 
     def find_checkpoint(self, run_id: str) -> str | None:
-        """The run's checkpoint file (the current layout's, else the legacy one), if any.
+        """The run's checkpoint file to resume from, if any: the owner's newest.
 
         A checkpoint that is empty, truncated or fails its CRCs (what a host crash can
         leave) is passed over, with a warning naming it, for the previous one kept beside
-        it (``checkpoint.pt.prev``, see :meth:`write_atomic`). When no whole one is left,
-        the newest damaged one is returned, so the caller's error names it."""
-        damaged = None
-        for path in (self.get_checkpoint_path(run_id), self.get_legacy_checkpoint_path(run_id)):
-            for candidate in (path, path + PREVIOUS_SUFFIX):
-                if not self.exists(candidate):
-                    continue
-                problem = self.checkpoint_problem(candidate)
-                if problem is None:
-                    return candidate
-                log.warning(
-                    "the checkpoint %s is damaged (%s; a crash while it was written?): "
-                    "trying the previous one",
-                    candidate,
-                    problem,
-                )
-                damaged = damaged or candidate
-        return damaged
+        it (``checkpoint.pt.prev``). When no whole one is left, the newest damaged one is
+        returned, so the caller's error names it. Runs of the layout before
+        ``checkpoint/`` (``runs/<run_id>/checkpoint.pt``) are found too."""
+        return self._checkpoints.find(run_id)
 
     def checkpoint_problem(self, path: str) -> str | None:
-        """Why the checkpoint file at ``path`` is not whole, or None. torch and Keras
-        checkpoints are zip archives: an empty file, a zip without its central directory
-        (truncated) or a member failing its CRC is damaged; another format, non-empty,
-        cannot be judged here and passes."""
+        """Why the checkpoint file at ``path`` is not whole, or None (see
+        :func:`estimators._checkpoints.checkpoint_problem`)."""
         try:
             with self.open_read(path) as f:
-                head = f.read(4)
-                if not head:
-                    return "it is empty"
-                if head != b"PK\x03\x04":
-                    return None
-                f.seek(0)
-                with zipfile.ZipFile(f) as archive:
-                    bad = archive.testzip()
-        except zipfile.BadZipFile as exc:
-            return f"not a whole zip archive: {exc}"
-        except (OSError, EOFError, zlib.error) as exc:
+                return checkpoint_problem(f)
+        except OSError as exc:
             return f"unreadable: {type(exc).__name__}: {exc}"
-        return f"its member {bad!r} fails its CRC" if bad is not None else None
 
     def get_data_claim_path(self, idx: int) -> str:
         """The marker a fit creates, exclusively, to own data index ``idx``."""
@@ -366,11 +314,13 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def write_atomic(self, path: str, write: Callable[[BinaryIO], object]) -> None:
-        """Call ``write(file)`` on a temporary file, then move it to ``path``, so a reader
-        sees the old file or the new one, never half of one. On a local filesystem the
-        file is fsynced before the move and its folder after, so a host crash cannot
-        leave an empty ``path`` behind. A checkpoint (``checkpoint.pt``) keeps the one it
-        replaces as ``checkpoint.pt.prev``, which :meth:`find_checkpoint` falls back to."""
+        """Call ``write(file)`` on a temporary file of this writer's own, then move it to
+        ``path``, so a reader sees the old file or the new one, never half of one. On a
+        local filesystem the file is fsynced before the move and its folder after, so a
+        host crash cannot leave an empty ``path`` behind. A checkpoint
+        (``checkpoint.pt``) keeps the one it replaces, when whole, as
+        ``checkpoint.pt.prev``, which :meth:`find_checkpoint` falls back to. Unfenced:
+        :meth:`write_checkpoint` is the run checkpoint's write."""
 
     @abc.abstractmethod
     def _create_exclusive(self, path: str) -> bool:
@@ -410,11 +360,8 @@ class Store(abc.ABC):
 
 
 def _tmp_name(path: str) -> str:
-    return f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-
-
-#: what :func:`_tmp_name` makes of ``path``, as a glob (a writer killed mid-write leaves one)
-_TMP_GLOB = "{}.tmp-" + "[0-9a-f]" * 8
+    """A temporary name beside ``path`` that is this writer's own."""
+    return f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 @dataclass(frozen=True)
@@ -437,27 +384,17 @@ class LocalStore(Store):
     def open_read(self, path: str) -> BinaryIO:
         return open(path, "rb")
 
+    @property
+    def _checkpoints(self) -> InPlaceCheckpoints:
+        return InPlaceCheckpoints(self)
+
     def write_atomic(self, path: str, write: Callable[[BinaryIO], object]) -> None:
-        folder = os.path.dirname(path)
-        os.makedirs(folder, exist_ok=True)
-        tmp = _tmp_name(path)
-        try:
-            with open(tmp, "wb") as f:
-                write(f)
-                f.flush()
-                os.fsync(f.fileno())
-            if _keeps_previous(path) and os.path.exists(path):
-                os.replace(path, path + PREVIOUS_SUFFIX)
-            os.replace(tmp, path)
-            _fsync_path(folder, directory=True)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        # a writer SIGKILLed mid-write (a lost worker, an earlier attempt) left its temp
-        # file: the next good write of the same path removes it
-        for stale in glob.glob(_TMP_GLOB.format(glob.escape(path))):
-            with contextlib.suppress(OSError):
-                os.remove(stale)
+        """As :meth:`Store.write_atomic`, through ``estimators._atomic.write_file``: the
+        temporary is locked by its writer, and a writer SIGKILLed mid-write (a lost
+        worker, an earlier attempt) left one that the next good write of the same path
+        removes; a live writer's is never removed."""
+        keep = (lambda p: worth_keeping(self, p)) if _keeps_previous(path) else None
+        write_file(path, write, keep_previous=keep)
 
     def _create_exclusive(self, path: str) -> bool:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -656,22 +593,26 @@ class FsspecStore(Store):
     def open_read(self, path: str) -> BinaryIO:
         return self.fs.open(path, "rb")
 
+    @property
+    def _checkpoints(self) -> PerWriterCheckpoints:
+        return PerWriterCheckpoints(self)
+
     def write_atomic(self, path: str, write: Callable[[BinaryIO], object]) -> None:
+        """As :meth:`Store.write_atomic`. Only this writer's temporary is ever removed
+        here: on an object store a live writer's cannot be told from a dead one's. (A
+        run checkpoint's temporary lies in its writer's folder, which goes once a newer
+        writer's checkpoint is in place: ``estimators._checkpoints``.)"""
         fs, tmp = self.fs, _tmp_name(path)
         fs.makedirs(posixpath.dirname(path), exist_ok=True)
         try:
             with fs.open(tmp, "wb") as f:
                 write(f)
-            if _keeps_previous(path) and fs.exists(path):
+            if _keeps_previous(path) and worth_keeping(self, path):
                 _move(fs, path, path + PREVIOUS_SUFFIX)
             _move(fs, tmp, path)
         finally:
             if fs.exists(tmp):
-                fs.rm_file(tmp)
-        # as LocalStore.write_atomic; escaped, so a path with [ ] * ? matches only its own
-        for stale in fs.glob(_TMP_GLOB.format(glob.escape(path))):
-            with contextlib.suppress(OSError, FileNotFoundError):
-                fs.rm_file(stale)  # rm_file: takes the name as it is, no glob
+                fs.rm_file(tmp)  # rm_file: takes the name as it is, no glob
 
     def _create_exclusive(self, path: str) -> bool:
         """Mode ``xb`` (a conditional put on object stores that support one), then a read

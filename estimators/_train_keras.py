@@ -4,9 +4,10 @@ Worker (``train_keras(spec)``), in small named steps:
 
 1. ``ringcore.keras.init()``; rebuild the model from its ``.keras`` bytes, compile it
    with the optimizer (from its config) wrapped in ``DistributedOptimizer``, the loss
-   and the metrics.
+   and the metrics, and build the optimizer's state on every rank (a built model).
 2. Resume from the run's checkpoint when there is one (rank 0 reads it; the
-   broadcast callback gives every rank rank 0's weights and optimizer state).
+   broadcast callback gives every rank rank 0's weights and optimizer state at
+   ``on_train_begin``: every rank broadcasts the same variables, its optimizer built).
 3. ``model.fit`` on a ``tf.data`` pipeline over this rank's shard from
    ``ringcore.data.make_reader`` (sharded by rank, the same ``steps_per_epoch`` on
    every rank), validating on the rank's validation shard (streamed from the store
@@ -14,9 +15,10 @@ Worker (``train_keras(spec)``), in small named steps:
    averages the metrics over the ranks (each rank's validation mean weighs the same:
    the shards differ by one row at most); the user's ``callbacks`` (Keras callbacks)
    run after these, on every rank.
-4. Rank 0 writes the model (``.keras``) as the run's checkpoint and the history
-   (the torch loop's format: ``train_<metric>``, ``val_<metric>``, ``epoch``,
-   ``seconds``) to the Store after every epoch.
+4. Rank 0 writes the model (``.keras``, with the history so far as a member of its
+   zip) as the run's checkpoint and the history (the torch loop's format:
+   ``train_<metric>``, ``val_<metric>``, ``epoch``, ``seconds``) to the Store after
+   every epoch; a resume takes its epochs from the checkpoint it loads.
 
 Driver: :func:`keras_worker` (the spec), :func:`load_keras_checkpoint`,
 :func:`keras_predictor` (``RingModel.transform`` in Arrow batches),
@@ -51,6 +53,7 @@ from pyspark.sql.types import ArrayType, DataType, DoubleType
 
 from ringcore.data import to_numpy_columns
 
+from ._checkpoints import history_in, read_checkpoint, with_history
 from ._progress import keras_progress_callbacks
 from ._readers import open_training, validation_shard
 from ._spec import DataSpec, data_spec_fields, writer
@@ -229,9 +232,7 @@ def load_keras_checkpoint(cfg: Any) -> Any:
     it is set and saved anything, else the run's final checkpoint."""
     objects = dict(cfg.knobs.custom_objects)
     store = cfg.store
-    model = model_from_bytes(
-        store.read_bytes(store.get_checkpoint_path(cfg.run_id)), custom_objects=objects
-    )
+    model = model_from_bytes(read_checkpoint(store, cfg.run_id), custom_objects=objects)
     callback = cfg.knobs.checkpoint_callback
     if callback is None:
         return model
@@ -344,26 +345,35 @@ def _rebuild(spec: KerasTrainSpec, hvd: Any) -> Any:
         metrics=_deserialized(metrics),
         jit_compile=False,
     )
+    if model.built:
+        # Every rank builds its optimizer here, alike. BroadcastGlobalVariablesCallback
+        # broadcasts the optimizer's variables at on_train_begin when it is built, else
+        # after the first batch (Keras builds it in the first step): a rank 0 whose
+        # optimizer _restore built alone broadcast variables the other ranks did not,
+        # while they went on to the step's gradient allreduce, a deadlock. An unbuilt
+        # model leaves every rank's optimizer unbuilt: Keras builds both in the first step.
+        model.optimizer.build(model.trainable_variables)
     return model
 
 
 def _restore(model: Any, spec: KerasTrainSpec, hvd: Any) -> tuple[int, list[dict[str, Any]]]:
     """Rank 0 loads the run's checkpoint when there is one (weights and optimizer
-    state); every rank gets ``(epochs done, history)``."""
+    state, into the optimizer :func:`_rebuild` built); every rank gets ``(epochs done,
+    history)``. Nothing here changes which variables a rank broadcasts next."""
     done: tuple[int, list[dict[str, Any]]] = (0, [])
     if hvd.rank() == 0:  # this attempt writes the run's checkpoints from now on
         spec.store.claim_run(spec.run_id, writer(spec))
     path = spec.store.find_checkpoint(spec.run_id) if hvd.rank() == 0 else None
     if path is not None:
-        saved = model_from_bytes(
-            spec.store.read_bytes(path), compile=True, custom_objects=_objects(spec)
-        )
+        data = spec.store.read_bytes(path)
+        saved = model_from_bytes(data, compile=True, custom_objects=_objects(spec))
         model.set_weights(saved.get_weights())
-        if saved.optimizer is not None and saved.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
+        if saved.optimizer is not None and saved.optimizer.built and model.optimizer.built:
             for mine, theirs in zip(model.optimizer.variables, saved.optimizer.variables):
                 mine.assign(theirs)
-        history = list(spec.store.read_json(spec.store.get_history_path(spec.run_id)))
+        history = history_in(data)  # None: a checkpoint of an older ringtrain
+        if history is None:
+            history = list(spec.store.read_json(spec.store.get_history_path(spec.run_id)))
         done = (len(history), history)
     return hvd.broadcast_object(done, root_rank=0, name="ringtrain.resume")
 
@@ -407,7 +417,7 @@ def _epoch_callback(spec: KerasTrainSpec, history: list[dict[str, Any]], rank: i
             entry["seconds"] = round(time.monotonic() - self.started, 3)
             history.append(entry)
             if rank == 0:
-                data = model_to_bytes(self.model)
+                data = with_history(model_to_bytes(self.model), history)
                 spec.store.write_checkpoint(spec.run_id, writer(spec), lambda f: f.write(data))
                 spec.store.write_json(spec.store.get_history_path(spec.run_id), history)
 

@@ -523,8 +523,8 @@ def _on_cpu(value: Any) -> Any:
 def _save_checkpoint(
     task: _Task, spec: TrainSpec, epoch: int, history: list[dict[str, Any]]
 ) -> None:
-    """Rank 0, after each epoch: written to a temporary name and renamed (write_atomic),
-    so a worker killed meanwhile leaves the previous checkpoint whole."""
+    """Rank 0, after each epoch: :meth:`Store.write_checkpoint` (whole or not at all, the
+    previous one kept, refused if a newer attempt claimed the run), then the history."""
     state = {  # CPU copies: the driver (maybe without a GPU) loads this checkpoint
         "model": _on_cpu(task.model.state_dict()),
         "optimizer": _on_cpu(task.optimizer.state_dict()),

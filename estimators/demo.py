@@ -77,7 +77,7 @@ def main() -> int:
         fitted = make_estimator(store).fit(train_df)
         last = fitted.getHistory()[-1]
         print(f"final validation accuracy: {last['val_accuracy']:.4f}")
-        print(f"checkpoint: {store.get_checkpoint_path(fitted.getRunId())}")
+        print(f"checkpoint: {store.find_checkpoint(fitted.getRunId())}")
         accuracy = held_out_accuracy(fitted, test_df)
         print(f"held-out accuracy: {accuracy:.4f}")
         print(f"wall time: {time.monotonic() - started:.1f} s")

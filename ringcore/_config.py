@@ -137,6 +137,10 @@ AUTOTUNE_LOG_ENV_VAR = "RING_AUTOTUNE_LOG"
 # "0": init() leaves the collector's view of the heap alone (see _gc: on, it freezes
 # the heap that init() finds and shutdown() thaws it)
 GC_FREEZE_ENV_VAR = "RING_GC_FREEZE"
+# seconds between refreshes of the frozen heap (thaw, full collection, freeze), so that
+# what was alive at init() and became cyclic garbage since is freed; 0: never (see _gc)
+GC_REFRESH_ENV_VAR = "RING_GC_REFRESH_SECONDS"
+DEFAULT_GC_REFRESH_S = 30.0
 
 
 def get_bool(name: str, default: bool = False) -> bool:
@@ -151,3 +155,10 @@ def control_timeout_s() -> float:
     the sockets' keepalive and the ranks' wait on the coordinator's heartbeat; 0 leaves
     both to the OS defaults (no heartbeat)."""
     return max(0.0, get_float(CONTROL_TIMEOUT_ENV_VAR, DEFAULT_CONTROL_TIMEOUT_S))
+
+
+def fast_lane_wanted() -> bool:
+    """This process's knobs allow the fast lane: ``RING_FAST_LANE`` is not 0 and
+    ``RING_AUTOTUNE`` is off (autotune tunes the coordinator's fusion and cycle: it must
+    see the ops). Rank 0's answer is every rank's (``_runtime`` sends it at start-up)."""
+    return get_bool(FAST_LANE_ENV_VAR, True) and not get_bool(AUTOTUNE_ENV_VAR)

@@ -36,6 +36,7 @@ from ._backends import Backend
 from ._cuda_streams import device_scope, mark_ready
 from ._device_pinning import device_of_type
 from ._errors import CollectiveMismatchError, RendezvousError, RingInternalError
+from ._gc import refresh_if_due
 from ._handle import Handle, dtype_name, wait_handle
 from ._ops import ReduceOp
 from ._protocol import (
@@ -117,10 +118,15 @@ class Engine:
         *,
         secret: str,
         control_timeout_s: float = 0.0,
+        fusion_threshold: int = cfg.DEFAULT_FUSION_THRESHOLD,
+        fast_lane: bool = True,
     ):
         """``control_timeout_s``: the longest rank 0 may stay silent (its coordinator
         sends a heartbeat when it has nothing else to send) before this rank counts it
-        as hung (``RING_CONTROL_TIMEOUT_SECONDS``); 0: wait for ever."""
+        as hung (``RING_CONTROL_TIMEOUT_SECONDS``); 0: wait for ever.
+        ``fusion_threshold`` and ``fast_lane``: rank 0's (``RING_FUSION_THRESHOLD``,
+        ``RING_FAST_LANE`` and ``RING_AUTOTUNE``, sent to every rank at start-up), so the
+        lane buckets and decides as the coordinator does on every rank."""
         self.backend = backend
         self.rank, self.size = rank, size
         self.timeline = timeline
@@ -165,13 +171,11 @@ class Engine:
         #: the fast lane's proposals (None: not a one-host shared-memory job, or
         #: RING_FAST_LANE=0); the execution lock: the backend is used by one thread at a
         #: time (the engine's, or a caller running its op in the fast lane)
-        self.votes = _fast_lane_votes(backend, size)
+        self.votes = _fast_lane_votes(backend, size) if fast_lane else None
         self._exec_lock = threading.Lock()
         self._fast_busy = False
         self._queued = 0  # ops queued so far (the sender's idle wait watches it grow)
-        self.fusion_threshold = cfg.get_int(
-            cfg.FUSION_THRESHOLD_ENV_VAR, cfg.DEFAULT_FUSION_THRESHOLD
-        )
+        self.fusion_threshold = fusion_threshold
         self.groups: dict[int, Any] = {0: None}
         self.members: dict[int, list[int]] = {0: list(range(size))}
         self.counters: dict[str, itertools.count] = {}
@@ -418,9 +422,13 @@ class Engine:
 
     def _sender(self) -> None:
         while not self.closed.is_set():
+            # between sends, and each second idle: the frozen heap's refresh, when due (_gc)
+            refresh_if_due()
             with self._lock:
-                while not self.outbox and not self.closed.is_set():
+                if not self.outbox and not self.closed.is_set():
                     self._outbox_ready.wait(1.0)
+                if not self.outbox:
+                    continue
             time.sleep(self.cycle_time_s)  # let a burst of submissions gather
             if self.votes is not None:
                 # the fast lane takes a whole burst when its caller waits: send only once
@@ -899,9 +907,7 @@ class Engine:
 
 def _fast_lane_votes(backend: Backend, size: int) -> Any:
     """The shared-memory group's proposals when every rank of the job is in it (a flat
-    plan), ``RING_FAST_LANE`` is not 0 and ``RING_AUTOTUNE`` is off; else None."""
-    if not cfg.get_bool(cfg.FAST_LANE_ENV_VAR, True) or cfg.get_bool(cfg.AUTOTUNE_ENV_VAR):
-        return None  # autotune tunes the coordinator's fusion and cycle: it must see the ops
+    plan); else None."""
     shm = getattr(backend, "shm", None)
     if getattr(backend, "mode", None) != "flat" or shm is None or shm.local_size != size:
         return None

@@ -229,8 +229,15 @@ def _start_coordinator(state: _st.RuntimeState, secret: str | None, timeout: flo
     )
     state.coordinator.start()
     # Without RING_SECRET_KEY rank 0's fresh secret goes to the ranks over the
-    # backend (Gloo's connections, never the store); see "Trust model".
-    return {"addr": f"{advertised}:{state.coordinator.port}", "secret": made}
+    # backend (Gloo's connections, never the store); see "Trust model". Rank 0's fusion
+    # threshold and fast-lane switch go with it: the fast lane buckets on every rank as
+    # the coordinator does, whatever each rank's own environment says.
+    return {
+        "addr": f"{advertised}:{state.coordinator.port}",
+        "secret": made,
+        "fusion_threshold": state.coordinator.cfg.fusion_threshold,
+        "fast_lane": cfg.fast_lane_wanted(),
+    }
 
 
 def _start_engine(state: _st.RuntimeState, process_sets: Any) -> None:
@@ -259,6 +266,8 @@ def _start_engine(state: _st.RuntimeState, process_sets: Any) -> None:
         cycle_time_s=_cycle_time_s(),
         secret=secret,
         control_timeout_s=cfg.control_timeout_s(),
+        fusion_threshold=int(offer["fusion_threshold"]),
+        fast_lane=bool(offer["fast_lane"]),
     )
     state.dynamic_process_sets = process_sets == "dynamic" or cfg.get_bool(
         cfg.DYNAMIC_PROCESS_SETS_ENV_VAR

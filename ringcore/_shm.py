@@ -5,13 +5,20 @@ executors' tasks or Ray workers on one machine): tensors travel through
 ``/dev/shm`` instead of loopback TCP. Pure Python over ``mmap``, ``torch`` views of
 the segment (``torch.frombuffer``) and a few syscalls; no compiled code.
 
-- **Segment** (``_shm_segment``): local rank 0 creates it, every rank maps it and
-  confirms through the store, and it is unlinked as soon as every rank has mapped
-  it, so a killed rank leaves nothing in ``/dev/shm``. Without room there
-  (``os.statvfs``; Docker gives 64 MB), ``create`` logs one warning naming the fix
-  and returns None: the caller keeps the network path. ``RING_SHM=0`` disables it.
+- **Segment** (``_shm_segment``, ``_shm_files``, ``_shm_handshake``): local rank 0
+  creates it and names it in the store (signed with the job's secret); every other
+  rank checks that name and the file (ours, mode 0600, not a link) before it maps it;
+  all confirm through the store, and the name is unlinked as soon as every rank has
+  mapped it, so a rank killed after that leaves nothing in ``/dev/shm``. A rank that
+  fails or times out during the handshake removes them; only when every rank holding
+  them dies then (local rank 0 killed before the others opened the segment) do they
+  stay, until the next group formed on the host sweeps them. Without room there (``os.statvfs``; Docker gives 64 MB), or when any
+  local rank cannot open, check or map the segment, ``create`` logs one warning
+  naming the cause and returns None on every local rank: the caller keeps the
+  network path. ``RING_SHM=0`` disables it.
 - **Barriers** (``_shm_sync``): per-rank sequence counters in the segment, a short
-  spin, then a blocking ``poll`` on a wake-up socket (an idle rank burns no core),
+  spin, then a blocking ``poll`` on a wake-up socket (bound in a private folder, then
+  unnamed: no other process can reach it; an idle rank burns no core),
   and pidfds of the peers, so a dying rank fails the others at once with a
   :class:`RingError` naming it.
 - **Data**: two banks of L slots of ``slot_bytes``; round k of any op uses bank
@@ -53,6 +60,7 @@ from typing import Any
 import torch
 
 from ._ops import ReduceOp
+from ._shm_handshake import map_segment
 from ._shm_reduce import (
     DIM0,
     NUMEL,
@@ -64,15 +72,8 @@ from ._shm_reduce import (
 )
 from ._shm_reduce import write_scaled_ as _write_scaled
 from ._shm_rounds import Rounds
-from ._shm_segment import (
-    CTRL_WORDS,
-    DEFAULT_SLOT_BYTES,
-    Layout,
-    free_bytes,
-    map_segment,
-    shm_enabled,
-)
-from ._shm_sync import PID, bind_socket, ordering_supported
+from ._shm_segment import DEFAULT_SLOT_BYTES, Layout, free_bytes, shm_enabled
+from ._shm_sync import ordering_supported
 
 __all__ = ["DEFAULT_SLOT_BYTES", "ShmGroup", "shm_enabled"]
 
@@ -161,30 +162,21 @@ class ShmGroup(Rounds):
                     os.uname().machine,
                 )
             return None
-        layout = Layout(local_size, slot_bytes)
-        socks: list[Any] = []
-
-        def on_mapped(mm: Any, token: str) -> None:
-            ctrl = memoryview(mm)[layout.ctrl_offset : layout.meta_offset].cast("q")
-            ctrl[local_rank * CTRL_WORDS + PID] = os.getpid()
-            ctrl.release()
-            socks.append(bind_socket(token, local_rank))
-
+        mapping = map_segment(
+            store,
+            prefix,
+            local_rank,
+            Layout(local_size, slot_bytes),
+            timeout_s=timeout_s,
+            shm_dir=cls.shm_dir,
+            free_space=cls.free_space,
+        )
+        if mapping is None:
+            return None
         try:
-            mapping = map_segment(
-                store,
-                prefix,
-                local_rank,
-                layout,
-                timeout_s=timeout_s,
-                shm_dir=cls.shm_dir,
-                free_space=cls.free_space,
-                on_mapped=on_mapped,
-            )
-            return None if mapping is None else cls(mapping, local_rank, timeout_s, socks[0])
+            return cls(mapping, local_rank, timeout_s)
         except BaseException:
-            for s in socks:
-                s.close()
+            mapping.close()
             raise
 
     # ---- collectives --------------------------------------------------------------------

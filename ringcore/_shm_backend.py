@@ -23,8 +23,10 @@ CUDA tensors, process-set subgroups and element types the group does not carry a
 take the wrapped backend. Every rank routes an op by facts the coordinator has made
 equal on every rank (group, device type, dtype, number of dimensions), never by its
 own tensor's layout, so the ranks never split between the two paths. When ``/dev/shm``
-is too small on some host, its local rank 0 logs the group's one warning and every
-rank keeps the network path (the ranks agree through one small allreduce at start).
+is too small on some host, or a local rank there cannot open, check or map the
+segment (another user's file, ranks in containers that do not share ``/dev/shm``), one
+rank of that host logs the group's one warning and every rank keeps the network path
+(the ranks agree through one small allreduce at start).
 
 ``stats`` counts the ops each path carried; ``mode`` names the plan (tests and
 ``bench/`` read both). ``name`` stays the wrapped backend's (``gloo_enabled()``).

@@ -26,7 +26,7 @@ __all__ = ["Rounds"]
 class Rounds:
     """The mapped segment of one rank and the rounds it takes part in."""
 
-    def __init__(self, mapping: Mapping, local_rank: int, timeout_s: float, sock: Any):
+    def __init__(self, mapping: Mapping, local_rank: int, timeout_s: float):
         layout = self.layout = mapping.layout
         self.local_rank, self.local_size = local_rank, layout.local_size
         self.timeout_s = timeout_s
@@ -37,7 +37,7 @@ class Rounds:
         self._meta = view[layout.meta_offset : layout.meta_offset + 8 * words].cast("q")
         self._hdr = view[:64].cast("q")
         view.release()
-        self._sync = Sync(self._ctrl, local_rank, layout.local_size, mapping.token, sock)
+        self._sync = Sync(self._ctrl, local_rank, layout.local_size, mapping.sock, mapping.senders)
         self._lock_fd = mapping.lock_fd
         #: the fast lane's proposals (``_shm_vote``); None where they cannot work
         self.votes: Votes | None = None

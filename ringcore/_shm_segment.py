@@ -1,13 +1,10 @@
-"""The shared-memory segment of one host's ranks: its layout, creation, and the handshake.
+"""The shared-memory segment of one host's ranks: its layout and its header.
 
-Local rank 0 checks the free space of ``/dev/shm`` (``os.statvfs``), creates
-``/dev/shm/ringshm-<prefix>-<token>`` (``O_EXCL``, mode 0600), reserves its pages with
-``posix_fallocate`` (a full ``/dev/shm`` fails here with ENOSPC, not later with
-SIGBUS) and publishes the name through the store. Every rank maps it, writes its pid
-into its control line and counts itself in with ``store.add``; the rank whose count
-completes the group unlinks the file and says so. From then on the segment lives only
-as long as some rank maps it: a SIGKILLed rank leaves nothing in ``/dev/shm``. A rank
-that fails during the handshake unlinks the file too (ignoring one already gone).
+Local rank 0 creates ``/dev/shm/ringshm-<prefix>-<token>`` (mode 0600, its pages
+reserved with ``posix_fallocate``: a full ``/dev/shm`` fails there with ENOSPC, not
+later with SIGBUS); every rank checks and maps it; once every rank has mapped it the
+name is unlinked, so from then on the segment lives only as long as some rank maps it.
+How it is created, checked and swept: ``_shm_files``; the handshake: ``_shm_handshake``.
 
 Each rank keeps its own open file description of the segment (``Mapping.lock_fd``):
 ``flock`` on it is the group's one cross-process mutex (the fast lane's proposals), and
@@ -29,27 +26,25 @@ Layout (all offsets 64-byte aligned, int64 words)::
 from __future__ import annotations
 
 import contextlib
-import datetime
-import errno
-import logging
 import mmap
 import os
 import re
-import secrets
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+import socket
+from dataclasses import dataclass, field
 
-from ._errors import RingError
+from ._shm_files import NAME_PREFIX, Unusable
 
 __all__ = [
     "DEFAULT_SLOT_BYTES",
     "SHM_ENV_VAR",
     "Layout",
     "Mapping",
+    "check_header",
     "free_bytes",
-    "map_segment",
+    "segment_name",
     "shm_enabled",
+    "too_small_message",
+    "write_header",
 ]
 
 SHM_ENV_VAR = "RING_SHM"
@@ -59,8 +54,6 @@ VERSION = 2  # 2: the header carries the fast lane's proposal
 CTRL_WORDS = 8  # one 64-byte line per rank
 META_FIXED = 24  # descriptor words before the alltoall splits
 BANKS = 2
-
-log = logging.getLogger("ringtrain.ringcore.shm")
 
 
 def shm_enabled() -> bool:
@@ -121,25 +114,33 @@ class Layout:
 
 @dataclass
 class Mapping:
-    """A mapped segment: the ``mmap`` and the token that names the job's wake-up sockets."""
+    """One rank's share of a formed group: the mapped segment, this rank's own open file
+    description of it (``lock_fd``, for ``flock``), its wake-up socket and one socket
+    connected to each peer's (``senders``; ``_shm_sync``)."""
 
     mm: mmap.mmap
-    token: str
     layout: Layout
-    lock_fd: int = -1  # this rank's own open file description of the segment, for flock
+    lock_fd: int
+    sock: socket.socket
+    senders: dict[int, socket.socket] = field(default_factory=dict)
+
+    def close(self) -> None:
+        """Release it all (a group that failed to start on this rank)."""
+        for s in [*self.senders.values(), self.sock]:
+            s.close()
+        with contextlib.suppress(BufferError):  # a view still alive: the GC unmaps it
+            self.mm.close()
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
 
 
-def _segment_name(prefix: str, token: str) -> str:
+def segment_name(prefix: str, token: str) -> str:
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", prefix)[-48:].strip("._") or "job"
-    return f"ringshm-{safe}-{token}"
+    return f"{NAME_PREFIX}{safe}-{token}"
 
 
-def _unlink(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-
-
-def _too_small_message(shm_dir: str, free: int | None, need: int, local_size: int) -> str:
+def too_small_message(shm_dir: str, free: int | None, need: int, local_size: int) -> str:
     mib = need / 2**20
     have = "does not exist" if free is None else f"has {free / 2**20:.0f} MiB free"
     return (
@@ -150,145 +151,21 @@ def _too_small_message(shm_dir: str, free: int | None, need: int, local_size: in
     )
 
 
-def _create_file(shm_dir: str, name: str, size: int) -> int | None:
-    """The new segment's fd, or None (file removed) when tmpfs cannot reserve ``size``."""
-    path = os.path.join(shm_dir, name)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as exc:
-        os.close(fd)
-        _unlink(path)
-        if exc.errno in (errno.ENOSPC, errno.ENOMEM):
-            return None
-        raise
-    except BaseException:
-        os.close(fd)
-        _unlink(path)
-        raise
-    return fd
-
-
-def _map(fd: int, layout: Layout) -> tuple[mmap.mmap, int]:
-    """The mapping, and a duplicate of ``fd`` kept for ``flock`` (``fd`` itself is closed)."""
-    try:
-        size = os.fstat(fd).st_size
-        if size != layout.size:
-            raise RingError(
-                f"the shared-memory segment holds {size} bytes but local_size="
-                f"{layout.local_size}, slot_bytes={layout.slot_bytes} need {layout.size}; "
-                "pass the same local_size and slot_bytes on every local rank."
-            )
-        mm = mmap.mmap(fd, layout.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        return mm, os.dup(fd)
-    finally:
-        os.close(fd)
-
-
-def _wait(store: Any, key: str, timeout_s: float, what: str) -> bytes:
-    try:
-        store.wait([key], datetime.timedelta(seconds=timeout_s))
-    except RuntimeError as exc:
-        raise RingError(
-            f"shared-memory setup timed out after {timeout_s:.0f} s waiting for {what} "
-            f"(store key {key!r}); start every local rank or raise timeout_s."
-        ) from exc
-    return store.get(key)
-
-
-def _write_header(mm: mmap.mmap, layout: Layout) -> None:
+def write_header(mm: mmap.mmap, layout: Layout) -> None:
     hdr = memoryview(mm)[:64].cast("q")
     hdr[0], hdr[1], hdr[2], hdr[3] = MAGIC, VERSION, layout.local_size, layout.slot_bytes
     hdr.release()
 
 
-def _check_header(mm: mmap.mmap, layout: Layout) -> None:
+def check_header(mm: mmap.mmap, layout: Layout, path: str) -> None:
+    """Raise :class:`~ringcore._shm_files.Unusable` unless the header is ours for ``layout``."""
     hdr = memoryview(mm)[:64].cast("q")
     found = tuple(hdr[:4])
     hdr.release()
     want = (MAGIC, VERSION, layout.local_size, layout.slot_bytes)
     if found != want:
-        raise RingError(
-            f"the shared-memory segment's header is {found}, expected {want} (magic, version, "
-            "local_size, slot_bytes); every local rank must run the same ringtrain with the "
-            "same local_size and slot_bytes."
+        raise Unusable(
+            f"{path}: its header is {found}, expected {want} (magic, version, local_size, "
+            "slot_bytes); every local rank must run the same ringtrain with the same "
+            "local_size and slot_bytes"
         )
-
-
-def map_segment(
-    store: Any,
-    prefix: str,
-    local_rank: int,
-    layout: Layout,
-    *,
-    timeout_s: float,
-    shm_dir: str,
-    free_space: Callable[[str], int],
-    on_mapped: Callable[[mmap.mmap, str], None],
-) -> Mapping | None:
-    """Create (rank 0) or map the segment, run ``on_mapped(mm, token)`` (write the pid, bind
-    the wake-up socket) and count in; return once the file is unlinked. None: no room."""
-    keys = f"{prefix}/shm/name", f"{prefix}/shm/mapped", f"{prefix}/shm/unlinked"
-    path = ""
-    mapping: Mapping | None = None
-    try:
-        if local_rank == 0:
-            mapping = _create(store, keys[0], prefix, layout, shm_dir, free_space)
-            if mapping is None:
-                return None
-            path = os.path.join(shm_dir, _segment_name(prefix, mapping.token))
-        else:
-            token = _wait(store, keys[0], timeout_s, "local rank 0 to create the segment")
-            if not token:
-                log.debug("local rank 0 found no room in %s; using the network path", shm_dir)
-                return None
-            path = os.path.join(shm_dir, _segment_name(prefix, token.decode()))
-            mm, lock_fd = _map(os.open(path, os.O_RDWR), layout)
-            mapping = Mapping(mm, token.decode(), layout, lock_fd)
-            _check_header(mapping.mm, layout)
-        on_mapped(mapping.mm, mapping.token)
-        if store.add(keys[1], 1) == layout.local_size:
-            _unlink(path)  # the last rank to map removes the name
-            store.set(keys[2], "1")
-        _wait(store, keys[2], timeout_s, "every local rank to map the segment")
-        return mapping
-    except BaseException:
-        if path:
-            _unlink(path)
-        if mapping is not None and mapping.lock_fd >= 0:
-            os.close(mapping.lock_fd)
-        raise
-
-
-def _create(
-    store: Any,
-    key: str,
-    prefix: str,
-    layout: Layout,
-    shm_dir: str,
-    free_space: Callable[[str], int],
-) -> Mapping | None:
-    """Rank 0: the new segment, or None (and ``""`` published) when ``shm_dir`` lacks room."""
-    free = free_space(shm_dir) if os.path.isdir(shm_dir) else None
-    fd = None
-    token = secrets.token_hex(8)
-    if free is not None and free >= layout.size:
-        fd = _create_file(shm_dir, _segment_name(prefix, token), layout.size)
-    if fd is None:
-        log.warning(_too_small_message(shm_dir, free, layout.size, layout.local_size))
-        store.set(key, "")
-        return None
-    path = os.path.join(shm_dir, _segment_name(prefix, token))
-    try:
-        mm, lock_fd = _map(fd, layout)
-    except BaseException:
-        _unlink(path)
-        raise
-    try:
-        _write_header(mm, layout)
-    except BaseException:
-        _unlink(path)
-        os.close(lock_fd)
-        raise
-    store.set(key, token)
-    return Mapping(mm, token, layout, lock_fd)

@@ -7,17 +7,25 @@ socket) and ``closed``. A barrier is: post (``seq += 1``), then wait until every
 ``seq`` has reached ours. The words are aligned int64, read and written through a
 ``memoryview`` cast to ``"q"`` (one 8-byte ``mov``: no torn values).
 
-**Wake-ups.** Each rank binds a Unix datagram socket in the *abstract* namespace
-(``\\0ringshm-<token>-<rank>``; the token is the segment's random name, unique per
-group). Abstract names need no file, vanish when the socket closes (nothing to leak
-or clean up), and need no descriptor passing between unrelated processes (an
-``eventfd`` would need ``SCM_RIGHTS`` over a socket anyway). A waiter spins for
-``spin_s`` (200 us; the fast path when the peer is running), calling
-``sched_yield`` between checks (on a full 2-core host the peer may be queued behind
-us: measured under load, this halves the median 4 KB allreduce and cuts its CPU time
-by 3x compared with a pure spin), then sets ``sleeping``,
-drains its socket, re-checks the counters and ``poll``s. A poster sends one byte to
-every peer whose ``sleeping`` is set. An idle rank therefore sleeps in ``poll``: no
+**Wake-ups.** Each rank binds a Unix datagram socket ``<rank>`` in the group's private
+folder (``ringshm-<prefix>-<token>.d`` beside the segment, mode 0700, made by local
+rank 0 and checked by every rank: ``_shm_files``), through ``/proc/self/fd/<folder
+fd>`` (the folder's own descriptor: no name can be swapped between the check and the
+bind, and the path stays short). Another user can neither bind a name there nor
+connect to one. Once every rank has bound, each connects one socket to every peer's
+(``connect_peers``: a connected datagram socket keeps its peer without the name), and
+the names and the folder are removed with the segment's name: nothing is left in the
+file system and nobody else can reach the sockets. (Abstract-namespace names, used
+before, have no permissions and are listed in ``/proc/net/unix``: any local process
+could take one first.) ``eventfd`` would need such a socket to pass descriptors.
+
+A waiter spins for ``spin_s`` (200 us; the fast path when the peer is running),
+calling ``sched_yield`` between checks (on a full 2-core host the peer may be queued
+behind us: measured under load, this halves the median 4 KB allreduce and cuts its CPU
+time by 3x compared with a pure spin), then sets ``sleeping``, drains its socket (at
+most :data:`_DRAIN_MAX` datagrams: a stream of them cannot hold a waiter past its
+deadline), re-checks the counters and ``poll``s. A poster sends one byte to every peer
+whose ``sleeping`` is set. An idle rank therefore sleeps in ``poll``: no
 core burnt.
 
 The flag/counter pair is a Dekker pattern, which needs a store-load fence on both
@@ -56,6 +64,7 @@ __all__ = ["Sync", "ordering_supported"]
 SEQ, PID, SLEEPING, CLOSED = 0, 1, 2, 3
 _WORDS = 8
 _MAX_SLEEP_S = 0.05
+_DRAIN_MAX = 64  # wake-ups read per check (any more wait for the next)
 
 
 def ordering_supported() -> bool:
@@ -63,15 +72,36 @@ def ordering_supported() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
-def socket_name(token: str, rank: int) -> bytes:
-    return f"\0ringshm-{token}-{rank}".encode()
+def _in(dir_fd: int, rank: int) -> str:
+    return f"/proc/self/fd/{dir_fd}/{rank}"
 
 
-def bind_socket(token: str, rank: int) -> socket.socket:
+def bind_socket(dir_fd: int, rank: int) -> socket.socket:
+    """This rank's wake-up socket, bound as ``<rank>`` in the folder ``dir_fd``."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(socket_name(token, rank))
+    try:
+        sock.bind(_in(dir_fd, rank))
+    except BaseException:
+        sock.close()
+        raise
     sock.setblocking(False)
     return sock
+
+
+def connect_peers(dir_fd: int, me: int, size: int) -> dict[int, socket.socket]:
+    """One socket connected to every peer's wake-up socket (all bound in ``dir_fd``)."""
+    senders: dict[int, socket.socket] = {}
+    try:
+        for j in range(size):
+            if j != me:
+                senders[j] = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                senders[j].connect(_in(dir_fd, j))
+                senders[j].setblocking(False)
+    except BaseException:
+        for s in senders.values():
+            s.close()
+        raise
+    return senders
 
 
 def _alive(pid: int) -> bool:
@@ -86,15 +116,23 @@ def _alive(pid: int) -> bool:
 
 
 class Sync:
-    """Barriers over the control lines ``ctrl`` (a ``"q"`` memoryview of L x 8 words)."""
+    """Barriers over the control lines ``ctrl`` (a ``"q"`` memoryview of L x 8 words);
+    ``sock``: this rank's wake-up socket, ``senders``: one connected to each peer's."""
 
     spin_s = 200e-6
 
-    def __init__(self, ctrl: memoryview, me: int, size: int, token: str, sock: socket.socket):
+    def __init__(
+        self,
+        ctrl: memoryview,
+        me: int,
+        size: int,
+        sock: socket.socket,
+        senders: dict[int, socket.socket],
+    ):
         self.ctrl, self.me, self.size, self.sock = ctrl, me, size, sock
         self.seq = int(ctrl[me * _WORDS + SEQ])
         self.peers = [j for j in range(size) if j != me]
-        self.names = {j: socket_name(token, j) for j in self.peers}
+        self.senders = senders
         self.pids = {j: int(ctrl[j * _WORDS + PID]) for j in self.peers}
         self._seq_at = [j * _WORDS + SEQ for j in self.peers]
         self._poll = select.poll()
@@ -128,8 +166,8 @@ class Sync:
 
     def _send(self, j: int) -> None:
         # a wake-up already queued, or the peer is gone (its pidfd will tell)
-        with contextlib.suppress(BlockingIOError, ConnectionRefusedError, FileNotFoundError):
-            self.sock.sendto(b"\0", self.names[j])
+        with contextlib.suppress(BlockingIOError, ConnectionError):
+            self.senders[j].send(b"\0")
 
     def barrier(self, what: str, timeout_s: float) -> None:
         self.post()
@@ -148,11 +186,11 @@ class Sync:
         self._sleep(target, what, timeout_s)
 
     def _drain(self) -> None:
-        try:
-            while True:
+        """Read the wake-ups queued so far, at most :data:`_DRAIN_MAX`: bounded, so a
+        stream of datagrams cannot hold a waiter here past its deadline."""
+        with contextlib.suppress(BlockingIOError):
+            for _ in range(_DRAIN_MAX):
                 self.sock.recv(64)
-        except BlockingIOError:
-            pass
 
     def _lagging(self, target: int) -> list[int]:
         return [j for j in self.peers if self.ctrl[j * _WORDS + SEQ] < target]
@@ -220,4 +258,6 @@ class Sync:
         for fd in self._pidfds:
             os.close(fd)
         self._pidfds.clear()
+        for s in self.senders.values():
+            s.close()
         self.sock.close()

@@ -22,6 +22,7 @@ from . import _config as cfg
 from ._backends import Connection
 from ._errors import RendezvousError
 from ._rendezvous import Rendezvous, hosted_store
+from ._store_server import host_store
 
 log = logging.getLogger("ringtrain.ringcore")
 
@@ -157,15 +158,11 @@ def _open_store(rdv: Rendezvous, timeout: datetime.timedelta) -> Any:
     hosted = hosted_store(rdv.store_port)
     if hosted is not None:
         return hosted
+    addr, port, size = rdv.store_addr, rdv.store_port, rdv.topology.size
     try:
-        return dist.TCPStore(
-            rdv.store_addr,
-            rdv.store_port,
-            rdv.topology.size,
-            rdv.is_store_host,
-            timeout=timeout,
-            wait_for_workers=False,
-        )
+        if rdv.is_store_host:  # kept past shutdown(): the next init() meets here (_store_server)
+            return host_store(addr, port, size, timeout.total_seconds())
+        return dist.TCPStore(addr, port, size, False, timeout=timeout, wait_for_workers=False)
     except Exception as exc:  # torch raises RuntimeError / DistStoreError / TimeoutError
         role = "host" if rdv.is_store_host else "reach"
         raise RendezvousError(

@@ -9,13 +9,16 @@ A runner hands :class:`ProgressDisplay` the latest progress of rank 0, a plain d
 ``total`` when known; any other number is shown as a metric). The display picks its
 form once: the tqdm notebook widget inside a Jupyter kernel (with ipywidgets
 installed), a tqdm bar when the output is a terminal, else plain lines, at most one
-every :data:`PLAIN_INTERVAL_S` seconds. Runners call ``update`` a few times a second
+every :data:`PLAIN_INTERVAL_S` seconds (``flush`` prints the latest one that has no line
+yet, so a runner can show the final step). Runners call ``update`` a few times a second
 at most. ``RING_PROGRESS=0`` turns every runner's display off
-(:func:`progress_enabled`). Importing this module imports neither tqdm nor IPython.
+(:func:`progress_enabled`). :func:`say` writes a runner's own lines (a launch, an end).
+Importing this module imports neither tqdm nor IPython.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -28,11 +31,35 @@ __all__ = [
     "format_progress",
     "in_notebook",
     "progress_enabled",
+    "say",
 ]
 
 PROGRESS_ENV_VAR = "RING_PROGRESS"
 #: without a bar (no terminal, no notebook), a progress line at most this often
 PLAIN_INTERVAL_S = 5.0
+
+
+def _logging_configured(logger: logging.Logger) -> bool:
+    """Whether a record of ``logger`` reaches a handler someone installed."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        if current.handlers:
+            return True
+        current = current.parent if current.propagate else None
+    return False
+
+
+def say(logger: logging.Logger, verbose: int, needed: int, msg: str, *args: Any) -> None:
+    """A runner's line (its launch, its end): INFO when ``verbose >= needed``, else
+    DEBUG. When no handler is configured (no ``logging.basicConfig``), the INFO lines go
+    to stderr as ``[ringtrain] ...`` instead of vanishing; with logging configured they
+    go through it only (no duplicates)."""
+    level = logging.INFO if verbose >= needed else logging.DEBUG
+    if level == logging.INFO and not _logging_configured(logger):
+        print(f"[ringtrain] {msg % args}", file=sys.stderr, flush=True)
+        return
+    logger.log(level, msg, *args)
+
 
 _SHOWN = ("epoch", "epochs", "step", "steps", "total", "loss", "rows_per_s", "steps_per_s")
 
@@ -127,6 +154,7 @@ class ProgressDisplay:
         self._bar: Any = None
         self._last_plain = float("-inf")
         self._last: dict[str, Any] | None = None
+        self._last_printed = False  # plain: whether the latest progress has its line
         self.updates = 0  # how many distinct progress values it was given
 
     def _make_bar(self, total: int | None) -> Any:
@@ -150,7 +178,8 @@ class ProgressDisplay:
         self.updates += 1
         if self.kind == "plain":
             now = time.monotonic()
-            if now - self._last_plain >= self.plain_interval_s:
+            self._last_printed = now - self._last_plain >= self.plain_interval_s
+            if self._last_printed:
                 self._last_plain = now
                 print(format_progress(p), file=self._out, flush=True)
             return
@@ -179,6 +208,14 @@ class ProgressDisplay:
             self._bar.write(line, file=self._out)
         else:
             print(line, file=self._out, flush=True)
+
+    def flush(self) -> None:
+        """Plain lines: print the latest progress now if it has no line yet (the final
+        step, which came within ``plain_interval_s`` of the line before). A bar shows
+        every update already."""
+        if self.kind == "plain" and self._last is not None and not self._last_printed:
+            self._last_printed = True
+            print(format_progress(self._last), file=self._out, flush=True)
 
     def close(self) -> None:
         if self._bar is not None:

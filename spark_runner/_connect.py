@@ -17,7 +17,9 @@ Spark retries failed tasks (``_slots.task_max_failures``: ``local[N,F]`` with F 
 a cluster manager ``spark.task.maxFailures`` > 1, default 4) the results go through a ``repartition(1)``, so the barrier stage is a shuffle map stage,
 which Spark reruns as a whole (a failed barrier result stage is aborted); with no status
 tracker on the client, :class:`AttemptCounter` numbers the attempts from the log
-connections the tasks open (``RING_SPARK_ATTEMPT``).
+connections the tasks open (``RING_SPARK_ATTEMPT``). A failed task's error reaches the
+client on its log connection when it has one, else in the Connect error text
+(``_errors``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from typing import Any
 
 from ringcore import RingError
 
-from ._errors import decode_worker_error
+from ._errors import stage_worker_error
+from ._logserver import DRAIN_S
 from ._slots import NotEnoughSlotsError, retries_configured
 from ._task import TaskSpec, make_barrier_task
 
@@ -126,9 +129,10 @@ class AttemptCounter:
     the attempt of a stage is the log connections seen so far for its stage id, divided
     by ``num_proc``. Each attempt's ``num_proc`` tasks connect once, at task start before
     ``fn`` runs, and Spark starts a retry only after every task of the failed attempt has
-    ended, so the counts of two attempts never interleave. (A task that failed before
-    connecting would shift the count; the runner's code before the connection is the
-    only thing that runs there.)"""
+    ended, so the counts of two attempts never interleave. A task that failed before
+    connecting shifts the count, so the ranks of an attempt may get two numbers; they
+    take the largest (``_task.agreed_attempt``), which still grows from one attempt
+    that ran to the next."""
 
     def __init__(self, num_proc: int):
         self._num_proc = num_proc
@@ -198,8 +202,10 @@ def reassemble(table: Any, num_proc: int) -> list[bytes]:
     return blobs
 
 
-def run_stage(spark: Any, payload: bytes, spec: TaskSpec) -> list[bytes]:
-    """The barrier stage under its own operation tag; interrupted if anything stops it."""
+def run_stage(spark: Any, payload: bytes, spec: TaskSpec, server: Any) -> list[bytes]:
+    """The barrier stage under its own operation tag; interrupted if anything stops it.
+    A failed task's error comes from the log server ``server`` when the task reached it,
+    else from the Connect error text (``_errors``)."""
     num_proc = spec.num_proc
     tag = f"ringtrain-{uuid.uuid4().hex[:12]}"
     spark.addTag(tag)
@@ -220,7 +226,8 @@ def run_stage(spark: Any, payload: bytes, spec: TaskSpec) -> list[bytes]:
             spark.interruptTag(tag)  # no task, and no Python worker, outlives the call
         if not isinstance(exc, Exception):
             raise
-        worker_error = decode_worker_error(str(exc), spec.secret)
+        server.drain(DRAIN_S)  # every task's error and last lines are in
+        worker_error = stage_worker_error(str(exc), server, spec.secret)
         if worker_error is not None:
             raise worker_error from None
         raise RingError(

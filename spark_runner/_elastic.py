@@ -38,7 +38,7 @@ from ringcore.launch import (
 
 from ._connect import is_connect
 from ._elastic_task import ElasticTaskSpec, make_elastic_task
-from ._errors import decode_worker_error
+from ._errors import stage_worker_error
 from ._logserver import LogServer
 from ._run import (
     _active_session,
@@ -226,7 +226,7 @@ class _ElasticJob:
             bind_host=conf.get("spark.driver.bindAddress", host),
             advertised_host=host,
         )
-        self.secret = server.secret  # what the tasks sign their errors with (_errors)
+        self.server = server  # where a failed task sends its error (_errors)
         store = dist.TCPStore(
             host,
             0,
@@ -290,7 +290,7 @@ class _ElasticJob:
 
     def _failure(self, outcome: Any) -> None:
         """Raise a worker's own error (its function raised); a lost task just leaves."""
-        err = decode_worker_error(str(outcome), self.secret)
+        err = stage_worker_error(str(outcome), self.server, self.server.secret, peers=False)
         if err is not None and err.error_type != "RingInternalError":
             raise err from None
         log.info("an elastic task ended without a result: %s", str(outcome).splitlines()[0][:200])

@@ -3,7 +3,8 @@
 The task connects to the driver's log server naming its worker id (the socket is how
 the driver learns that the worker's process died), sets the elastic environment so
 that ``ringcore.init()`` waits for the driver's generation that lists it, runs the
-function, says it is done and returns ``(worker id, result)``.
+function, says it is done and returns ``(worker id, result)``. A failed worker's error
+goes to the driver on that connection (``_errors.task_failure_text``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import cloudpickle
 import ringcore
 from ringcore import RingError, RingInternalError, WorkerError, launch
 
-from ._errors import encode_worker_error
+from ._errors import task_failure_text
 from ._output import LogConnection, stream_pair
 from ._task import SECONDARY_FAILURE_DELAY_S, gpu_env
 
@@ -114,7 +115,7 @@ def make_elastic_task(payload: bytes, spec: ElasticTaskSpec):
                     time.sleep(SECONDARY_FAILURE_DELAY_S)  # let the root cause arrive first
                 rank = int(os.environ.get(launch.RANK_ENV_VAR, "0"))
                 err = WorkerError.from_exception(rank, conn.local_address, exc)
-                raise RuntimeError(encode_worker_error(err, spec.secret)) from None
+                raise RuntimeError(task_failure_text(err, spec.secret, conn)) from None
             blob = cloudpickle.dumps((worker_id, result))
             conn.done()
         yield blob

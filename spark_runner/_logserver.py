@@ -11,7 +11,14 @@ Elastic jobs also use the connections as the membership signal: a task names its
 worker id in the handshake, so the driver knows at once (the socket closes) when a
 worker's process dies; a ``D`` line says that the worker returned from its function.
 A ``P`` line carries rank 0's progress (``spark_runner.progress``) as a JSON object,
-handed to the ``on_progress`` callable (the driver's progress bar).
+handed to the ``on_progress`` callable (the driver's progress bar). A ``W`` line,
+``W<ref> <signed blob>``, carries a failed task's error (``_errors``): kept as text
+under its reference, decoded by the driver only after its HMAC checks out; the task's
+exception, which Spark logs, names the reference and not the blob.
+
+The driver waits for the connections to end (:meth:`LogServer.drain`; each task closes
+its own as it ends) before it reads the errors or prints the job's end line, so every
+line of the tasks is written first, in the order each task sent it.
 """
 
 from __future__ import annotations
@@ -34,11 +41,16 @@ MAX_LINE_BYTES = 1 << 20
 #: connections not yet authenticated at once; more are hung up on and counted (a flood
 #: of strangers must not cost a thread each)
 MAX_HANDSHAKES = 64
+#: how long the driver waits, once a stage ended, for the tasks' connections to end (each
+#: task closes its own as it ends; Spark kills the tasks of a failed stage)
+DRAIN_S = 5.0
 #: how long the accept loop pauses after an error such as EMFILE (too many open files)
 ACCEPT_RETRY_S = 0.1
 STDOUT_TAG, STDERR_TAG, DONE_TAG = "O", "E", "D"
 #: a line of rank 0's progress, a JSON object (``spark_runner.progress``)
 PROGRESS_TAG = "P"
+#: a line of a failed task's error: ``W<ref> <signed blob>`` (``_errors``)
+ERROR_TAG = "W"
 
 
 def _read_line(sock: socket.socket, limit: int) -> str:
@@ -69,6 +81,9 @@ class LogServer:
         self.secret = secrets.token_hex(32)
         self._targets = {STDOUT_TAG: stdout, STDERR_TAG: stderr}
         self._write_lock = threading.Lock()
+        self._changed = threading.Condition(self._write_lock)  # a connection ended, an error came
+        self._open = 0  # authenticated connections still being read
+        self._errors: list[tuple[str, str]] = []  # (ref, signed blob) of W lines, as sent
         self._listener = socket.create_server((bind_host, 0))
         self._listener.settimeout(0.5)
         self.port = int(self._listener.getsockname()[1])
@@ -149,6 +164,8 @@ class LogServer:
             finally:
                 with self._write_lock:
                     self._handshaking -= 1
+                    if worker_id is not None:
+                        self._open += 1
             if worker_id is None:
                 with self._write_lock:
                     self.refused += 1
@@ -157,26 +174,47 @@ class LogServer:
             if worker_id:
                 with self._write_lock:
                     self._workers[worker_id] = str(peer[0])
-            with conn.makefile("r", encoding="utf-8", errors="replace", newline="\n") as lines:
-                while True:
-                    line = lines.readline(MAX_LINE_BYTES)
-                    if not line:
-                        return
-                    if line.startswith(DONE_TAG) and worker_id:
-                        with self._write_lock:
-                            self._finished.add(worker_id)
-                        continue
-                    if line.startswith(PROGRESS_TAG):
-                        self._progress(line[1:])
-                        continue
-                    self._write(line)
+            self._read_lines(conn, worker_id)
         except OSError as exc:
             log.debug("log connection from %s ended: %s", peer, exc)
         finally:
+            with self._write_lock:
+                if worker_id:
+                    self._workers.pop(worker_id, None)
+                if worker_id is not None:
+                    self._open -= 1
+                    self._changed.notify_all()
+            conn.close()
+
+    def _read_lines(self, conn: socket.socket, worker_id: str) -> None:
+        """Handle each line until the task closes; a line over MAX_LINE_BYTES is cut
+        there and the rest of it skipped (never read as lines of its own)."""
+        skipping = False
+        with conn.makefile("r", encoding="utf-8", errors="replace", newline="\n") as lines:
+            while True:
+                line = lines.readline(MAX_LINE_BYTES)
+                if not line:
+                    return
+                cut = not line.endswith("\n") and len(line) >= MAX_LINE_BYTES
+                if not skipping:
+                    self._handle(line, worker_id)
+                skipping = cut or (skipping and not line.endswith("\n"))
+
+    def _handle(self, line: str, worker_id: str) -> None:
+        tag = line[:1]
+        if tag == DONE_TAG:
             if worker_id:
                 with self._write_lock:
-                    self._workers.pop(worker_id, None)
-            conn.close()
+                    self._finished.add(worker_id)
+        elif tag == PROGRESS_TAG:
+            self._progress(line[1:])
+        elif tag == ERROR_TAG:
+            ref, _, blob = line[1:].strip().partition(" ")
+            with self._write_lock:
+                self._errors.append((ref, blob))
+                self._changed.notify_all()
+        else:
+            self._write(line)
 
     def workers(self) -> dict[str, str]:
         """The connected workers (id -> host) in the order they connected."""
@@ -212,7 +250,30 @@ class LogServer:
             if flush is not None:
                 flush()
 
-    def close(self, drain_s: float = 5.0) -> None:
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every task's connection has ended and all it sent is handled (at
+        most ``timeout_s``); whether they all did."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._open == 0, timeout=timeout_s)
+
+    def wait_for_errors(self, refs: list[str], timeout_s: float) -> list[str]:
+        """The signed error blobs sent under any of ``refs``, in the order of ``refs``:
+        waits until one of them came, or no task is connected, or ``timeout_s``."""
+
+        def named() -> list[str]:
+            sent = dict(self._errors)
+            return [sent[r] for r in dict.fromkeys(refs) if r in sent]
+
+        with self._changed:
+            self._changed.wait_for(lambda: named() or self._open == 0, timeout=timeout_s)
+            return named()
+
+    def worker_errors(self) -> list[str]:
+        """Every signed error blob the tasks sent, in arrival order."""
+        with self._write_lock:
+            return [blob for _, blob in self._errors]
+
+    def close(self, drain_s: float = DRAIN_S) -> None:
         """Stop accepting; give connected tasks ``drain_s`` to finish their output."""
         self._closing.set()
         self._listener.close()

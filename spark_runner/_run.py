@@ -17,11 +17,11 @@ import cloudpickle
 
 from ringcore import RingError, cuda_built
 from ringcore.launch import NICS_ENV_VARS, dumps_with_user_code, get_float, nic_names
-from ringcore.progress import ProgressDisplay, progress_enabled
+from ringcore.progress import ProgressDisplay, progress_enabled, say
 
 from . import _connect
-from ._errors import decode_worker_error, executor_import_error, executors_python
-from ._logserver import LogServer
+from ._errors import executor_import_error, executors_python, stage_worker_error
+from ._logserver import DRAIN_S, LogServer
 from ._platform import defaults
 from ._slots import default_num_proc, retries_configured, wait_for_slots
 from ._task import TaskSpec, make_barrier_task
@@ -51,25 +51,9 @@ def _active_session():
     return spark
 
 
-def _logging_configured(logger: logging.Logger) -> bool:
-    """Whether a record of ``logger`` reaches a handler someone installed."""
-    current: logging.Logger | None = logger
-    while current is not None:
-        if current.handlers:
-            return True
-        current = current.parent if current.propagate else None
-    return False
-
-
 def _say(verbose: int, needed: int, msg: str, *args: Any) -> None:
-    """Log at INFO when ``verbose >= needed``, else at DEBUG. When no handler is
-    configured (no ``logging.basicConfig``), the INFO lines go to stderr instead of
-    vanishing; with logging configured they go through it only (no duplicates)."""
-    level = logging.INFO if verbose >= needed else logging.DEBUG
-    if level == logging.INFO and not _logging_configured(log):
-        print(f"[ringtrain] {msg % args}", file=sys.stderr, flush=True)
-        return
-    log.log(level, msg, *args)
+    """``ringcore.progress.say`` on this module's logger."""
+    say(log, verbose, needed, msg, *args)
 
 
 def _check_options(fn, env, verbose, use_gpu, progress=None) -> None:
@@ -234,11 +218,13 @@ def run(
 
     Inside ``fn``, ``ringcore.init()`` (or ``hvd.init()``) joins the ring with no other
     setting. A worker's exception is raised here as :class:`ringcore.WorkerError`
-    carrying its rank, host and traceback. What the workers print reaches ``stdout`` /
+    carrying its rank, host and traceback (Spark's own log lines for the failed task
+    show only its summary). What the workers print reaches ``stdout`` /
     ``stderr`` (default: this process's) live, each line prefixed ``[rank]<stdout>:``
-    (after a timestamp with ``prefix_output_with_timestamp``). ``verbose``: 0 quiet,
-    1 a line at launch and end, 2 more (logger ``ringtrain.spark_runner``; without any
-    logging configured these lines go to stderr).
+    (after a timestamp with ``prefix_output_with_timestamp``); all of it is written
+    before the end line. ``verbose``: 0 quiet, 1 a line at launch and end, 2 more
+    (logger ``ringtrain.spark_runner``; without any logging configured these lines go
+    to stderr).
 
     ``progress``: when ``fn`` calls ``spark_runner.progress(step=..., total=...,
     loss=...)``, rank 0's reports drive a progress bar on ``stdout`` (a tqdm bar on a
@@ -255,7 +241,8 @@ def run(
     When Spark may retry (``local[N,F]`` with F > 1, or ``spark.task.maxFailures`` > 1),
     a failed stage is rerun as a whole (up to ``spark.stage.maxConsecutiveAttempts``);
     ``os.environ["RING_SPARK_ATTEMPT"]`` is then 1, 2, ... so ``fn`` can resume, e.g.
-    from its last checkpoint.
+    from its last checkpoint (negative, still larger for each later attempt, when no
+    task could reach this driver: see ``spark_runner._task``).
 
     On a Spark Connect session (``SparkSession.builder.remote(...)``) the stage is a
     ``mapInArrow(..., barrier=True)`` and results come back in chunks; cancellation is
@@ -296,16 +283,21 @@ def run(
         use_gpu=use_gpu,
         topology_hosts=topology_hosts,
     )
+    started = time.monotonic()
     try:
         if connect:
-            blobs = _run_connect_stage(spark, fn, payload, spec, verbose)
+            blobs = _run_connect_stage(spark, fn, payload, spec, verbose, server)
         else:
-            blobs = _run_stage(sc, fn, payload, spec, verbose)
+            blobs = _run_stage(sc, fn, payload, spec, verbose, server)
     finally:
-        server.close()
+        server.close(drain_s=DRAIN_S)  # every line of the tasks is written now
         if display is not None:
+            display.flush()  # rank 0's last progress, before the end line
             display.close()
     results = dict(cloudpickle.loads(b) for b in blobs)
+    _say(
+        verbose, 1, "%s finished on %d ranks in %.1f s", name, num_proc, time.monotonic() - started
+    )
     return [results[r] for r in range(num_proc)]
 
 
@@ -342,7 +334,9 @@ def _collect(sc: Any, payload: bytes, spec: TaskSpec) -> list[bytes]:
     return stage.collect()
 
 
-def _run_stage(sc: Any, fn, payload: bytes, spec: TaskSpec, verbose: int) -> list[bytes]:
+def _run_stage(
+    sc: Any, fn, payload: bytes, spec: TaskSpec, verbose: int, server: LogServer
+) -> list[bytes]:
     """One barrier stage under its own job group; cancelled if anything interrupts it."""
     name, num_proc = getattr(fn, "__name__", "fn"), spec.num_proc
     group = f"ringtrain-{uuid.uuid4().hex[:12]}"
@@ -350,17 +344,17 @@ def _run_stage(sc: Any, fn, payload: bytes, spec: TaskSpec, verbose: int) -> lis
         group, f"ringtrain spark_runner.run of {name} on {num_proc} tasks", interruptOnCancel=True
     )
     _say(verbose, 1, "launching %s on %d Spark barrier tasks (job group %s)", name, num_proc, group)
-    started = time.monotonic()
     try:
         with _plain_keyboard_interrupt() as interrupted:
-            blobs = _collect(sc, payload, spec)
+            return _collect(sc, payload, spec)
     except BaseException as exc:
         sc.cancelJobGroup(group)  # no task, and no Python worker, outlives the call
         if not isinstance(exc, Exception):
             raise
         if interrupted:
             raise KeyboardInterrupt from exc
-        worker_error = decode_worker_error(str(exc), spec.secret)
+        server.drain(DRAIN_S)  # every task's error and last lines are in
+        worker_error = stage_worker_error(str(exc), server, spec.secret)
         if worker_error is not None:
             raise worker_error from None
         what = f"spark_runner.run of {name} on {num_proc} tasks"
@@ -373,19 +367,12 @@ def _run_stage(sc: Any, fn, payload: bytes, spec: TaskSpec, verbose: int) -> lis
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
         sc.setLocalProperty("spark.job.description", None)
-    _say(
-        verbose, 1, "%s finished on %d ranks in %.1f s", name, num_proc, time.monotonic() - started
-    )
-    return blobs
 
 
-def _run_connect_stage(spark: Any, fn, payload: bytes, spec: TaskSpec, verbose: int) -> list[bytes]:
+def _run_connect_stage(
+    spark: Any, fn, payload: bytes, spec: TaskSpec, verbose: int, server: LogServer
+) -> list[bytes]:
     name, num_proc = getattr(fn, "__name__", "fn"), spec.num_proc
     _say(verbose, 1, "launching %s on %d Spark Connect barrier tasks", name, num_proc)
-    started = time.monotonic()
     with _plain_keyboard_interrupt():
-        blobs = _connect.run_stage(spark, payload, spec)
-    _say(
-        verbose, 1, "%s finished on %d ranks in %.1f s", name, num_proc, time.monotonic() - started
-    )
-    return blobs
+        return _connect.run_stage(spark, payload, spec, server)

@@ -1,8 +1,21 @@
-"""What runs inside each Spark task of the barrier stage."""
+"""What runs inside each Spark task of the barrier stage.
+
+The attempt number (``RING_SPARK_ATTEMPT``) orders checkpoint writers, ``(fit,
+attempt)`` in ``estimators._store``: a retried stage's tasks must count as newer than
+a zombie of the attempt before, never equal. The driver's log server hands out the
+stage attempt (Spark's own on a classic session, counted from connections on Spark
+Connect), and the ranks take the largest any of them got, so they agree. PySpark tells
+a task no stage attempt: ``attemptNumber()`` starts again at 0 in every stage attempt
+(measured on ``local[2,2]``), so it would make a retry equal its zombie. When no rank
+of an attempt reached the log server, the attempt is 0 if Spark cannot retry the stage
+(it runs once), else :func:`agreed_attempt`'s negative number, below every number the
+driver hands out and growing from one attempt to the next.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -22,12 +35,15 @@ from ringcore import (
 )
 from ringcore.launch import HOSTNAME_ENV_VAR, host_major_order, stop_store_server
 
-from ._errors import encode_worker_error
-from ._output import connect, stream_pair
+from ._errors import task_failure_text
+from ._output import LogConnection, connect, stream_pair
 
 ATTEMPT_ENV_VAR = "RING_SPARK_ATTEMPT"
 GPU_ADDRESSES_ENV_VAR = "RING_GPU_ADDRESSES"
 SECONDARY_FAILURE_DELAY_S = 2.0
+#: what :func:`agreed_attempt` subtracts from a task attempt id to number an attempt
+#: that could not ask the driver: below 0, as Spark's task ids stay below 2**62
+UNKNOWN_ATTEMPT_BASE = 1 << 62
 
 
 @dataclass(frozen=True)
@@ -75,13 +91,35 @@ def _host_major_rank(ctx: Any, spec: TaskSpec, slot: int, host: str) -> tuple[in
     return host_major_order(list(spec.topology_hosts or hosts)).index(slot), hosts
 
 
+def agreed_attempt(attempts: list[int | None], task_ids: list[int], retried: bool) -> int:
+    """The stage attempt every rank of one attempt uses. ``attempts``: what each rank's
+    log server handed out (None: it could not connect); ``task_ids``: each rank's Spark
+    task attempt id; ``retried``: whether Spark may rerun the stage.
+
+    The largest handed-out number (Spark Connect's count can lag on one rank). With none
+    and no retries, 0: the stage runs once. With none under retries, the smallest task
+    id less UNKNOWN_ATTEMPT_BASE: never equal to another attempt's number, as Spark
+    numbers tasks in launch order across the application and launches a stage
+    attempt's tasks only after the one before failed (so a later such attempt is
+    larger), and negative, below every handed-out number (so beside an attempt that
+    could ask, it is the older writer: at worst it stops as stale, it never
+    overwrites)."""
+    known = [a for a in attempts if a is not None]
+    if known:
+        return max(known)
+    return min(task_ids) - UNKNOWN_ATTEMPT_BASE if retried else 0
+
+
 def _ring_env(
-    ctx: Any, spec: TaskSpec, rank: int, hosts: list[str], attempt: int
+    ctx: Any, spec: TaskSpec, rank: int, hosts: list[str], conn: LogConnection | None
 ) -> dict[str, str]:
     placed = list(spec.topology_hosts or hosts)
     order = host_major_order(placed)  # order[rank] = the slot (partition) of that rank
     port = start_store_server(world_size=spec.num_proc) if rank == 0 else 0
-    ports = [int(p) for p in ctx.allGather(str(port))]
+    mine = [port, conn.stage_attempt if conn is not None else None, ctx.taskAttemptId()]
+    gathered = [json.loads(g) for g in ctx.allGather(json.dumps(mine))]
+    ports = [int(g[0]) for g in gathered]
+    attempt = agreed_attempt([g[1] for g in gathered], [g[2] for g in gathered], spec.all_or_none)
     topology = topology_from_hosts([placed[s] for s in order], rank)
     store = order[0]
     env = worker_env(topology, hosts[store], ports[store], secret=spec.ring_secret or None)
@@ -96,15 +134,15 @@ def _ring_env(
 
 @contextlib.contextmanager
 def _task_environment(ctx: Any, spec: TaskSpec, rank: int, hosts: list[str]):
+    """Yields the task's log-server connection (None: it could not connect)."""
     saved_env = dict(os.environ)
     saved_out, saved_err = sys.stdout, sys.stderr
     conn = connect(spec.log_host, spec.log_port, spec.secret, ctx.stageId())
-    attempt = conn.stage_attempt if conn is not None else ctx.attemptNumber()
     out, err = stream_pair(conn, rank, spec.timestamps)
     try:
-        os.environ.update(_ring_env(ctx, spec, rank, hosts, attempt))
+        os.environ.update(_ring_env(ctx, spec, rank, hosts, conn))
         sys.stdout, sys.stderr = out, err
-        yield
+        yield conn
     finally:
         out.close()
         err.close()
@@ -127,7 +165,7 @@ def make_barrier_task(payload: bytes, spec: TaskSpec):
         slot = ctx.partitionId()
         host = ctx.getTaskInfos()[slot].address.rsplit(":", 1)[0]
         rank, hosts = _host_major_rank(ctx, spec, slot, host)
-        with _task_environment(ctx, spec, rank, hosts):
+        with _task_environment(ctx, spec, rank, hosts) as conn:
             try:
                 fn, args, kwargs = cloudpickle.loads(payload)
                 result = fn(*args, **kwargs)
@@ -137,7 +175,7 @@ def make_barrier_task(payload: bytes, spec: TaskSpec):
                     # root cause fail the stage first, so it is the one the driver reports.
                     time.sleep(SECONDARY_FAILURE_DELAY_S)
                 err = WorkerError.from_exception(rank, host, exc)
-                raise RuntimeError(encode_worker_error(err, spec.secret)) from None
+                raise RuntimeError(task_failure_text(err, spec.secret, conn)) from None
         if spec.all_or_none:
             # A retried barrier stage reruns only the partitions with no output: a task
             # that succeeded just after a peer failed would leave the rerun one task short,

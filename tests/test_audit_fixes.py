@@ -1,5 +1,6 @@
 """Audit fixes: forged worker-error blobs, fits racing on one store, Spark's retry rule,
-run_id and temp-file paths, a params change under one run_id, checkpoint durability."""
+run_id paths, a params change under one run_id, checkpoint durability. (Temp-file
+cleanup: tests/test_stores.py and tests/test_checkpoint_fencing.py.)"""
 
 from __future__ import annotations
 
@@ -19,7 +20,15 @@ import torch
 import spark_runner
 from estimators import FsspecStore, Store
 from ringcore import WorkerError
-from spark_runner._errors import decode_worker_error, encode_worker_error
+from spark_runner._errors import (
+    decode_worker_error,
+    encode_worker_error,
+    signed_blob,
+    stage_worker_error,
+    task_failure_text,
+)
+from spark_runner._logserver import MAX_LINE_BYTES, LogServer
+from spark_runner._output import LogConnection
 from spark_runner._slots import retries_configured, task_max_failures
 
 SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
@@ -69,6 +78,44 @@ def test_a_forged_worker_error_blob_is_never_unpickled_and_the_real_error_still_
     assert got is not None and (got.rank, got.error_type) == (1, "KeyError")
     assert decode_worker_error(text, uuid.uuid4().hex) is None  # another job's secret
     assert not target.exists()
+
+
+@pytest.mark.reliability(
+    fault="a forged worker-error blob in Spark's failure text (code on the driver)",
+    category="security",
+)
+def test_a_blob_on_the_log_connection_is_unpickled_only_when_this_jobs_secret_signed_it(
+    tmp_path,
+):
+    target = tmp_path / "pwned"
+    forged = _forged_markers(str(target)).split()[1]  # behind a made-up tag
+    out = io.StringIO()
+    server = LogServer(out, out)
+    try:
+        conn = LogConnection("127.0.0.1", server.port, server.secret, stage_id=0)
+        real = WorkerError(1, "127.0.0.1", "ValueError", "bad shard", "Traceback ...", "")
+        conn.send("W", f"{'a' * 16} {forged}")  # a line injected into the connection
+        told = task_failure_text(real, server.secret, conn)  # the task's own error
+        conn.close()
+        server.drain(5.0)
+        named = f"RuntimeError: {told} (ringtrain worker error {'a' * 16}: forged)"
+        got = stage_worker_error(named, server, server.secret)
+    finally:
+        server.close()
+    assert not target.exists(), "the driver unpickled a blob nobody signed"
+    assert got is not None and (got.rank, got.message) == (1, "bad shard")
+    assert "ringtrain-worker-error" not in told and out.getvalue() == ""
+
+
+def test_a_huge_worker_error_still_fits_one_log_line_with_its_message_and_the_traceback_end():
+    secret = uuid.uuid4().hex
+    huge = os.urandom(1 << 20).hex()  # 2 MB that do not compress
+    err = WorkerError(0, "h", "KeyError", huge, "Traceback\n" + huge + "\nKeyError: ...", "")
+    blob = signed_blob(err, secret)
+    assert len(blob) < MAX_LINE_BYTES
+    got = decode_worker_error(blob, secret)
+    assert got is not None and got.error_type == "KeyError"
+    assert huge.startswith(got.message) and got.traceback.endswith("\nKeyError: ...")
 
 
 @pytest.fixture(scope="module")
@@ -264,7 +311,7 @@ def test_on_a_cluster_master_an_unset_max_failures_still_retries_the_stage(tmp_p
     record(request, note="spark.task.maxFailures unset; the retried stage ran as attempt 1")
 
 
-# --- 4. paths: run_id, temp-file globs -------------------------------------------------------
+# --- 4. paths: run_id -------------------------------------------------------------------------
 
 BAD_RUN_IDS = ["/etc", "../other", "..", "a/../../b", ".hidden", "", "a/b", "run\\x", "-x"]
 
@@ -309,23 +356,6 @@ def test_fit_with_an_escaping_run_id_fails_before_any_job_or_write(spark, tmp_pa
     assert len(tracker.getJobIdsForGroup(None)) == jobs_before
     assert not (tmp_path / "escaped").exists()
     assert not (tmp_path / "store").exists() or os.listdir(tmp_path / "store") == []
-
-
-@pytest.mark.reliability(
-    fault="a checkpoint writer killed mid-write, under a path with glob characters",
-    category="fault",
-)
-def test_an_fsspec_write_cleans_only_its_own_temp_files_whatever_its_name_holds(memory_store):
-    path = f"{memory_store.prefix_path}/runs/r/ckpt[ab].pt"  # glob characters in the path
-    fs = memory_store.fs
-    ours = f"{path}.tmp-0badf00d"  # a killed writer of this path left it
-    others = f"{memory_store.prefix_path}/runs/r/ckpta.pt.tmp-0badf00d"  # another file's
-    for name in (ours, others):
-        fs.pipe_file(name, b"half")
-    memory_store.write_atomic(path, lambda f: f.write(b"whole"))
-    assert memory_store.read_bytes(path) == b"whole"
-    assert not memory_store.exists(ours)
-    assert memory_store.exists(others)
 
 
 # --- 5. durability of the estimator's checkpoints --------------------------------------------

@@ -1,7 +1,9 @@
 """Load: several fits at once on one SparkSession and one store (a notebook's parallel
 cells, CrossValidator with ``parallelism``, two users on one cluster). Each fit is a
 thread of the driver; each trains its own run to the model a fit alone gives, with its
-own checkpoint, and nothing of one leaks into another."""
+own checkpoint, and nothing of one leaks into another. The fits do train at the same
+time: each fit's rank 0 waits, as its training starts, until another fit's has started
+too (up to a minute), and the test checks their training spans overlapped."""
 
 from __future__ import annotations
 
@@ -35,7 +37,43 @@ def spark():
         session.stop()
 
 
-def _estimator(store: Store, run_id: str, seed: int) -> RingEstimator:
+def _overlap_recorder(marks: str, name: str):
+    """A callback: rank 0 notes (in ``marks``) when this fit's training begins and ends;
+    at the beginning it waits, up to a minute, until another fit's has begun too."""
+    from estimators import Callback
+
+    def note(what: str) -> None:
+        with open(os.path.join(marks, f"{name}.{what}"), "w") as f:
+            f.write(repr(time.time()))
+
+    class Overlap(Callback):
+        def on_train_begin(self, logs):
+            if self.rank != 0:
+                return
+            note("begin")
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                if sum(n.endswith(".begin") for n in os.listdir(marks)) >= 2:
+                    return
+                time.sleep(0.05)
+
+        def on_train_end(self, logs):
+            if self.rank == 0:
+                note("end")
+
+    return Overlap()
+
+
+def _spans(marks: str) -> dict[str, tuple[float, float]]:
+    def at(name: str) -> float:
+        with open(os.path.join(marks, name)) as f:
+            return float(f.read())
+
+    names = sorted(n[: -len(".begin")] for n in os.listdir(marks) if n.endswith(".begin"))
+    return {n: (at(f"{n}.begin"), at(f"{n}.end")) for n in names}
+
+
+def _estimator(store: Store, run_id: str, seed: int, **extra) -> RingEstimator:
     torch.manual_seed(seed)
     model = torch.nn.Linear(4, 2)
     return RingEstimator(
@@ -52,6 +90,7 @@ def _estimator(store: Store, run_id: str, seed: int) -> RingEstimator:
         random_seed=seed,
         store=store,
         run_id=run_id,
+        **extra,
     )
 
 
@@ -69,7 +108,12 @@ def test_concurrent_fits_on_one_session_and_store_each_end_as_a_fit_alone(spark,
 
     # built here, one after another: torch.manual_seed is process-wide, so models
     # built in the threads would take each other's initial weights
-    estimators = [_estimator(store, f"concurrent{i}", seed=i) for i in range(FITS)]
+    marks = str(tmp_path / "marks")
+    os.makedirs(marks)
+    estimators = [
+        _estimator(store, f"concurrent{i}", seed=i, callbacks=[_overlap_recorder(marks, str(i))])
+        for i in range(FITS)
+    ]
 
     def fit(i: int) -> None:
         try:
@@ -86,6 +130,15 @@ def test_concurrent_fits_on_one_session_and_store_each_end_as_a_fit_alone(spark,
     together = time.monotonic() - started
     assert not any(t.is_alive() for t in threads), "a concurrent fit did not finish"
     assert errors == {}, errors
+    spans = _spans(marks)  # each fit's training, begin to end: two at least overlap
+    assert len(spans) == FITS, spans
+    overlapping = [
+        (a, b)
+        for a in spans
+        for b in spans
+        if a < b and max(spans[a][0], spans[b][0]) < min(spans[a][1], spans[b][1])
+    ]
+    assert overlapping, f"the fits trained one after another: {spans}"
     # each run: its own complete history and checkpoint, and the model a fit alone gives
     for i in range(FITS):
         model = results[i]
@@ -105,4 +158,8 @@ def test_concurrent_fits_on_one_session_and_store_each_end_as_a_fit_alone(spark,
         if ".tmp" in name
     ]
     assert leftovers == []
-    record(request, cases=FITS, note=f"{FITS} fits together in {together:.0f} s")
+    record(
+        request,
+        cases=FITS,
+        note=f"{FITS} fits together in {together:.0f} s; trained at once: {overlapping}",
+    )

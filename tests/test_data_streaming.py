@@ -149,7 +149,10 @@ def test_a_fit_on_s3_reads_in_place_and_keeps_model_checkpoints_and_history_in_t
     fs = s3fs.S3FileSystem(**s3)
     fs.invalidate_cache()
     run = f"{BUCKET}/fit/runs/s3run"
-    assert fs.exists(f"{run}/checkpoint/checkpoint.pt")
+    # the newest claim's writer folder holds the checkpoint on an object store
+    found = store.find_checkpoint("s3run")
+    assert found is not None and found.startswith(f"s3://{run}/checkpoint/writer-"), found
+    assert fs.exists(found)
     history = json.loads(fs.cat_file(f"{run}/logs/history.json"))
     assert [e["epoch"] for e in history] == [1, 2] and "val_loss" in history[-1]
     data = sorted(p for p in fs.find(f"{BUCKET}/fit") if "intermediate_train_data" in p)

@@ -512,27 +512,3 @@ def test_a_zombie_attempt_never_overwrites_the_checkpoint_of_the_attempt_that_to
     for name, value in reference.getModel().state_dict().items():
         assert torch.allclose(model.getModel().state_dict()[name], value, atol=1e-5), name
     record(request, note="the zombie's epoch-3 checkpoint refused; attempt 1 resumed at 3")
-
-
-def test_a_writer_older_than_the_runs_claim_is_refused_and_writes_nothing(tmp_path):
-    from estimators._store import StaleWriterError
-
-    store = Store.create(str(tmp_path))
-    store.claim_run("r", (100, 0))
-    store.write_checkpoint("r", (100, 0), lambda f: f.write(b"attempt 0"))
-    store.claim_run("r", (100, 1))  # the retried stage
-    with pytest.raises(StaleWriterError, match=r"stage attempt 0\) would write a checkpoint"):
-        store.write_checkpoint("r", (100, 0), lambda f: f.write(b"zombie"))
-    assert store.read_bytes(store.get_checkpoint_path("r")) == b"attempt 0"
-    store.write_checkpoint("r", (100, 1), lambda f: f.write(b"attempt 1"))
-    store.claim_run("r", (200, 0))  # a later fit of the same run_id resumes it
-    for stale in [(100, 1), (100, 5)]:
-        with pytest.raises(
-            StaleWriterError, match="a newer attempt \\(fit 200, stage attempt 0\\)"
-        ):
-            store.write_checkpoint("r", stale, lambda f: f.write(b"zombie"))
-        with pytest.raises(StaleWriterError):
-            store.claim_run("r", stale)
-    assert store.read_bytes(store.get_checkpoint_path("r")) == b"attempt 1"
-    store.write_bytes(store.get_writer_path("r"), b'{"fit": 2')  # torn by a crash
-    store.write_checkpoint("r", (1, 0), lambda f: f.write(b"after a torn claim"))

@@ -434,7 +434,7 @@ def _gc_pause_worker() -> dict:
     hvd.init()
     try:
         r, n = hvd.rank(), hvd.size()
-        heap = [[i] for i in range(300_000)]  # a collection of this heap takes a while
+        heap = [[i] for i in range(800_000)]  # a collection of this heap takes a while
         xs = [torch.zeros(4) for _ in range(200)]
         pauses, fast, sums = [], [], []
         for it in range(5):
@@ -582,3 +582,48 @@ def test_a_timeline_on_rank_0_only_does_not_split_the_ranks_between_paths(tmp_pa
     for out in res:
         for burst in out:
             assert burst == [[float(i) + 0.5] * 9 for i in range(6)]  # Average of r + i
+
+
+def _uneven_threshold_worker() -> dict:
+    """Rank 1 starts with a fusion threshold of 64 bytes, rank 0 with the default: bursts
+    of cached async allreduces, which take the fast lane."""
+    import torch
+
+    import ringcore._state as st
+    import ringcore.torch as hvd
+
+    if os.environ.get("RING_RANK") == "1":
+        os.environ["RING_FUSION_THRESHOLD"] = "64"
+    hvd.init()
+    try:
+        r, n = hvd.rank(), hvd.size()
+        xs = [torch.zeros(16) for _ in range(8)]
+        sums = []
+        for it in range(6):
+            for i, x in enumerate(xs):
+                x.fill_(float(r + i + it))
+            hs = [hvd.allreduce_async_(x, name=f"thr.{i}", op=hvd.Sum) for i, x in enumerate(xs)]
+            for h in hs:
+                hvd.synchronize(h)
+            sums.append([x[0].item() for x in xs])
+        eng = st.current.engine
+        return {"n": n, "sums": sums, "fast": eng.stats["fast"], "thr": eng.fusion_threshold}
+    finally:
+        hvd.shutdown()
+
+
+@pytest.mark.reliability(
+    fault="ranks started with different RING_FUSION_THRESHOLD values", category="bad-input"
+)
+def test_ranks_with_different_fusion_thresholds_fuse_the_lanes_batches_alike():
+    """The coordinator fuses with rank 0's threshold; the fast lane used each rank's own,
+    so ranks whose environments differed built different fusions of one batch and the
+    lane's shared-memory allreduce failed on the descriptors. Rank 0's threshold now
+    reaches every rank at start-up."""
+    res = run_workers(_uneven_threshold_worker, np=2, timeout=120)
+    for out in res:
+        n = out["n"]
+        for it, sums in enumerate(out["sums"]):
+            assert sums == [float(sum(r + i + it for r in range(n))) for i in range(8)]
+        assert out["thr"] == res[0]["thr"]  # rank 0's value on every rank
+    assert all(out["fast"] > 0 for out in res)  # the later bursts took the lane

@@ -1,7 +1,8 @@
 """What Horovod's own TensorFlow and Keras suites rely on, as our specifications, on 2
 Gloo ranks: the error classes of the TensorFlow ops, ``alltoall``'s return shape,
 the topology ops, in-place and grouped ops, local (model-parallel) gradients,
-gradients computed by the optimizer itself, and the elastic states and callbacks.
+gradients computed by the optimizer itself, the elastic states and callbacks, and the
+static shapes of the ops' outputs inside a ``tf.function``.
 
 One launch of 2 ranks runs every check (importing TensorFlow costs seconds per
 process); each check records a plain value the tests below assert on.
@@ -225,6 +226,53 @@ def _elastic(hvd, hvd_keras, tf, keras, r, out):
     out["bcast_local_vars"] = [float(np.mean(w)) for w in local.get_weights()]
 
 
+def _graph_shapes(hvd, tf, keras, r, out):
+    # Horovod's TF2 examples: one step of a tf.function that, on the first batch,
+    # broadcasts the Keras 3 model's and optimizer's variables (Variable.assign needs
+    # the broadcast value's static shape at trace time)
+    keras.utils.set_random_seed(r)
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    opt = keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(first_batch):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(tf.ones([2, 3]) * (r + 1)))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        if first_batch:
+            hvd.broadcast_variables(model.variables, root_rank=0)
+            hvd.broadcast_variables(opt.variables, root_rank=0)
+
+    try:
+        step(True)
+        step(False)
+        out["bcast_in_function"] = [w.tolist() for w in model.get_weights()]
+    except Exception as exc:  # today's failure, recorded for the test's message
+        out["bcast_in_function"] = f"{type(exc).__name__}: {exc}"
+
+    # the static shapes the collectives' graph outputs keep (traced only, not run)
+    def collectives(x):
+        return {
+            "allreduce": hvd.allreduce(x),
+            "broadcast": hvd.broadcast(x, 0),
+            "grouped_allreduce": hvd.grouped_allreduce([x, x[0]])[1],
+            "allgather": hvd.allgather(x),
+            "alltoall": hvd.alltoall(x),
+            "alltoall_splits": hvd.alltoall(x, splits=[2, 2])[1],
+            "reducescatter": hvd.reducescatter(x),
+            "join": hvd.join(),
+        }
+
+    spec = tf.TensorSpec([4, 3], tf.float32)
+    traced = tf.function(collectives).get_concrete_function(spec).structured_outputs
+    out["graph_shapes"] = {
+        k: v.shape.as_list() if v.shape.rank is not None else "unknown rank"
+        for k, v in traced.items()
+    }
+
+
 def _compat_worker():
     import keras
     import tensorflow as tf
@@ -241,6 +289,7 @@ def _compat_worker():
     _local_gradients(hvd, hvd_keras, tf, keras, r, out)
     _optimizer_gradients(hvd, tf, keras, r, out)
     _elastic(hvd, hvd_keras, tf, keras, r, out)
+    _graph_shapes(hvd, tf, keras, r, out)
     hvd.barrier()
     return out
 
@@ -389,3 +438,26 @@ def test_broadcast_callback_leaves_local_variables_alone(results):
         kernel0, bias0, kernel1, bias1 = res["bcast_local_vars"]
         assert (kernel0, bias0) == (float(r), float(r))
         assert (kernel1, bias1) == (1.0, 1.0)
+
+
+def test_broadcast_of_keras_3_variables_inside_a_tf_function_gives_every_rank_rank_0s(
+    results,
+):
+    # the first step of Horovod's tensorflow2_synthetic_benchmark.py and
+    # tensorflow2_mnist.py: every rank's weights end up the same
+    weights = [res["bcast_in_function"] for res in results]
+    assert isinstance(weights[0], list), weights[0]
+    assert weights[0] == weights[1]
+
+
+def test_collectives_in_a_graph_keep_the_static_shape_they_know_at_trace_time(results):
+    assert results[0]["graph_shapes"] == {
+        "allreduce": [4, 3],
+        "broadcast": [4, 3],
+        "grouped_allreduce": [3],
+        "allgather": [None, 3],
+        "alltoall": [None, 3],
+        "alltoall_splits": [N],
+        "reducescatter": [None, 3],
+        "join": [],
+    }

@@ -2,7 +2,8 @@
 weights of one process on the full batch (SGD), with and without
 ``backward_passes_per_step``; the callbacks (broadcast, metric averaging, learning
 rate warm-up and schedule, best-model checkpoint); ``load_model`` of a model saved
-with a wrapped optimizer. One launch of 2 ranks runs it all."""
+with a wrapped optimizer; ``SyncBatchNormalization`` against one process's
+``BatchNormalization`` on the whole batch. One launch of 2 ranks runs it all."""
 
 from __future__ import annotations
 
@@ -102,6 +103,24 @@ def _callbacks(hvd, keras, r, tmp):
         validation_data=(features[mine], target[mine]),
     )
     out["after_broadcast_fit"] = model.get_weights()
+
+    # rank 0 alone built (or restored) its optimizer before fit: the ranks must still
+    # broadcast the same variables (rank 0 broadcast 2 more, and both waited for ever)
+    lopsided = _model(keras, 200 + r)
+    lopsided.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(LR)), loss="mse")
+    if r == 0:
+        lopsided.optimizer.build(lopsided.trainable_variables)
+    lopsided.fit(
+        features[mine],
+        target[mine],
+        batch_size=8,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)],
+    )
+    out["lopsided_weights"] = lopsided.get_weights()
+    out["lopsided_optimizer"] = [np.array(v) for v in lopsided.optimizer.variables]
     import os
 
     out["best_written"] = os.path.exists(f"{tmp}/best_{r}.keras")
@@ -145,6 +164,56 @@ def _save_and_load(hvd, keras, r, model, tmp):
     return out
 
 
+BN_ROWS = (6, 10)  # uneven batches: the statistics weigh each rank by its rows
+
+
+def _batch_norm_run(tf, layer, x, upstream, graph):
+    """A training-mode call of ``layer`` on ``x`` and its gradients for the loss
+    ``sum(output * upstream)``, eagerly or inside a ``tf.function``."""
+    x, upstream = tf.constant(x), tf.constant(upstream)
+    layer.build(x.shape)
+
+    def step():
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            output = layer(x, training=True)
+            loss = tf.reduce_sum(output * upstream)
+        return (output, *tape.gradient(loss, [x, layer.gamma, layer.beta]))
+
+    output, d_x, d_gamma, d_beta = (tf.function(step) if graph else step)()
+    moving = [layer.moving_mean.numpy(), layer.moving_variance.numpy()]
+    return [output.numpy(), d_x.numpy(), d_gamma.numpy(), d_beta.numpy(), *moving]
+
+
+def _sync_batch_norm(keras, r):
+    """SyncBatchNormalization on this rank's rows against BatchNormalization on all 16
+    (every rank computes the reference); the gamma and beta gradients summed over the
+    ranks are the full batch's."""
+    import tensorflow as tf
+
+    import ringcore.tensorflow as hvd_tf
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(2.0, 3.0, size=(16, 2, 2, 3)).astype(np.float32)
+    upstream = rng.normal(size=x.shape).astype(np.float32)
+    start = sum(BN_ROWS[:r])
+    mine = slice(start, start + BN_ROWS[r])
+    ref = _batch_norm_run(tf, keras.layers.BatchNormalization(momentum=0.5), x, upstream, False)
+    out = {"bn_reference": [ref[0][mine], ref[1][mine], *ref[2:]]}
+    for mode, graph in (("eager", False), ("graph", True)):
+        layer = hvd_tf.SyncBatchNormalization(momentum=0.5)
+        got = _batch_norm_run(tf, layer, x[mine], upstream[mine], graph)
+        got[2:4] = [hvd_tf.allreduce(g, op=hvd_tf.Sum).numpy() for g in got[2:4]]
+        out[f"bn_{mode}"] = got
+    config = keras.saving.serialize_keras_object(layer)
+    out["bn_deserialized"] = type(keras.saving.deserialize_keras_object(config)).__name__
+    try:
+        hvd_tf.SyncBatchNormalization(fused=True)
+    except ValueError as exc:
+        out["bn_fused_error"] = str(exc)
+    return out
+
+
 def _keras_worker(tmp):
     import tensorflow as tf
 
@@ -158,6 +227,7 @@ def _keras_worker(tmp):
     out, model = _fit_equivalence(hvd, keras, r)
     out.update(_callbacks(hvd, keras, r, tmp))
     out.update(_save_and_load(hvd, keras, r, model, tmp))
+    out.update(_sync_batch_norm(keras, r))
     return out
 
 
@@ -196,6 +266,12 @@ def test_broadcast_callback_makes_every_rank_start_from_rank_0(results):
 
 
 @pytest.mark.timeout(180)
+def test_broadcast_callback_agrees_when_only_rank_0_built_its_optimizer(results):
+    _close(results[0]["lopsided_weights"], results[1]["lopsided_weights"], tol=0)
+    _close(results[0]["lopsided_optimizer"], results[1]["lopsided_optimizer"], tol=0)
+
+
+@pytest.mark.timeout(180)
 def test_metric_average_callback_replaces_logs_by_the_mean_over_ranks(results):
     for epoch in range(3):
         raw = [res["raw/logs"][epoch] for res in results]
@@ -228,3 +304,16 @@ def test_load_model_restores_and_rewraps_the_optimizer(results):
     _close(results[0]["loaded_fit"], results[1]["loaded_fit"], tol=0)
     _close(results[0]["global_broadcast"], results[1]["global_broadcast"], tol=0)
     assert "model=" in results[0]["global_error"]
+
+
+@pytest.mark.timeout(180)
+def test_sync_batch_normalization_on_uneven_batches_equals_one_process_on_the_whole_batch(
+    results,
+):
+    # output and input gradient of this rank's rows, summed gamma/beta gradients and
+    # the moving statistics, eagerly and inside a tf.function
+    for res in results:
+        for mode in ("bn_eager", "bn_graph"):
+            _close(res[mode], res["bn_reference"], tol=1e-4)
+        assert res["bn_deserialized"] == "SyncBatchNormalization"
+        assert "fused=True" in res["bn_fused_error"]

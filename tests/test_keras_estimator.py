@@ -1,7 +1,8 @@
 """RingEstimator with a Keras model on real Spark (local[2]): trains on the digits
 across 2 ranks, saves, loads and transforms in Arrow batches. The fit's model holds a
 custom layer only loadable through custom_objects, and a checkpoint_callback picks the
-model fit returns."""
+model fit returns. A run_id fitted again on 2 ranks resumes at the next epoch and ends at
+the model of an uninterrupted fit."""
 
 from __future__ import annotations
 
@@ -204,6 +205,56 @@ def test_a_compiled_keras_model_brings_its_optimizer_loss_and_metrics(spark, tmp
     bare = RingEstimator(model=_keras_model(), feature_cols=["features"], label_cols=["label"])
     with pytest.raises(ValueError, match="no optimizer"):
         resolve_config(bare, df)
+
+
+# the old deadlock (rank 0 broadcast its restored optimizer's variables alone) fails in
+# seconds with these instead of the launch's 600 s
+_FAST_STALL = {"RING_STALL_CHECK_TIME_SECONDS": "3", "RING_STALL_SHUTDOWN_TIME_SECONDS": "15"}
+
+
+def _resumable(store, run_id, epochs):
+    """Adam (state that a resume must restore), no shuffle: two epochs of this fit give
+    the same model whether or not a resume sits between them."""
+    import keras
+
+    return RingEstimator(
+        model=_keras_model(),
+        optimizer=keras.optimizers.Adam(1e-2),
+        loss=_loss(),
+        feature_cols=["features"],
+        label_cols=["label"],
+        batch_size=8,
+        epochs=epochs,
+        num_proc=2,
+        shuffle=False,
+        random_seed=demo.SEED,
+        store=store,
+        run_id=run_id,
+        reader="arrow",
+        verbose=0,
+        backend_env=_FAST_STALL,
+    )
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(240)
+def test_a_keras_fit_resumed_on_two_ranks_goes_on_at_epoch_2_to_the_uninterrupted_model(
+    spark, tmp_path
+):
+    df = demo.digits_frame(spark).limit(32)  # 16 rows a rank: 2 steps an epoch
+    store = Store.create(str(tmp_path))
+    first = _resumable(store, "resumed", epochs=1).fit(df).getHistory()
+    resumed = _resumable(store, "resumed", epochs=2).fit(df)
+    straight = _resumable(store, "straight", epochs=2).fit(df)
+    history = resumed.getHistory()
+    assert [e["epoch"] for e in history] == [1, 2]
+    assert history[0] == first[0]  # epoch 1 came from the checkpoint, not trained again
+    assert history[1]["train_loss"] == pytest.approx(straight.getHistory()[1]["train_loss"])
+    # rank 1 trained epoch 2 from rank 0's restored weights and Adam state too
+    for mine, theirs in zip(
+        resumed.getModel().get_weights(), straight.getModel().get_weights(), strict=True
+    ):
+        np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("prefetch", [0, 3])

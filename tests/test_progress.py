@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import logging
 import re
+import sys
 import time
 
 import _spark
@@ -39,6 +40,22 @@ def test_plain_lines_come_at_most_once_per_interval():
     lines = out.getvalue().splitlines()
     assert display.updates == 50
     assert lines == ["step 1/50  loss 1.0000"]  # the next may only come PLAIN_INTERVAL_S later
+
+
+def test_a_flush_prints_the_latest_progress_the_plain_lines_skipped_once():
+    out = io.StringIO()
+    display = ProgressDisplay(out)
+    for step in range(1, 51):
+        display.update({"step": step, "total": 50})
+    display.flush()
+    display.flush()  # once
+    display.close()
+    assert out.getvalue().splitlines() == ["step 1/50", "step 50/50"]
+    shown = io.StringIO()
+    display = ProgressDisplay(shown)
+    display.update({"step": 1, "total": 2})
+    display.flush()  # its line is out already
+    assert shown.getvalue().splitlines() == ["step 1/2"]
 
 
 def test_a_terminal_gets_a_tqdm_bar_with_epoch_loss_and_throughput():
@@ -101,10 +118,14 @@ _PLAIN = re.compile(r"^epoch (\d+)/2  step (\d+)/(\d+)  loss \d+\.\d{4}  \d+ row
 
 @pytest.mark.spark
 @pytest.mark.timeout(300)
-def test_fit_shows_rank_0_steps_loss_and_rows_per_second_a_few_times_a_second(
-    spark, tmp_path, capsys, monkeypatch
+def test_fit_shows_rank_0_steps_loss_and_rows_per_second_a_few_times_a_second_before_its_end(
+    spark, tmp_path, monkeypatch
 ):
     monkeypatch.setattr(ProgressDisplay, "plain_interval_s", 0.0)  # every update as a line
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # as a script with no logging set
+    both = io.StringIO()  # stdout and stderr as one terminal shows them: in order
+    monkeypatch.setattr(sys, "stdout", both)
+    monkeypatch.setattr(sys, "stderr", both)
     torch.manual_seed(demo.SEED)
     model = torch.nn.Linear(64, 10)
     estimator = RingEstimator(
@@ -125,16 +146,26 @@ def test_fit_shows_rank_0_steps_loss_and_rows_per_second_a_few_times_a_second(
     started = time.monotonic()
     fitted = estimator.fit(df)
     elapsed = time.monotonic() - started
-    out = capsys.readouterr().out
+    out = both.getvalue()
 
     matches = [tuple(int(g) for g in m) for m in _PLAIN.findall(out)]
     steps = matches[0][2]
-    assert (EPOCHS, steps, steps) in matches  # the last step of the last epoch always shows
     assert all(1 <= step <= total == steps for _, step, total in matches)
+    assert [m[:2] for m in matches] == sorted(m[:2] for m in matches)  # steps in order
+    lines = out.splitlines()
+    for epoch in range(1, EPOCHS + 1):  # an epoch's steps before its line, the next's after
+        at = next(i for i, line in enumerate(lines) if line.startswith(f"epoch {epoch}/2  train"))
+        shown = [_PLAIN.match(line) for line in lines]
+        assert all(int(m.group(1)) > epoch for m in shown[at:] if m), lines
     # the driver reads the progress file every 0.3 s: no more lines than polls
     assert len(matches) <= elapsed / 0.3 + 2
     assert "epoch 2/2  train_loss" in out  # the per-epoch lines are still there
     assert len(fitted.getHistory()) == EPOCHS
+    # every epoch's line and every progress line before the fit's end line, which is last
+    end = [i for i, line in enumerate(lines) if "[ringtrain] fit finished on 2 workers" in line]
+    last = max(i for i, line in enumerate(lines) if line.startswith("epoch "))
+    assert len(end) == 1 and end[0] > last, lines[-8:]
+    assert "Spark barrier tasks" not in out  # the stage's own lines: DEBUG under a fit
 
 
 def _reporting_fn(steps: int) -> int:

@@ -339,7 +339,8 @@ def _leak_by_env():
 # -- the same search in a Spark job and in a Ray job ---------------------------------------
 
 _SHARD_ERROR = "rank 1 cannot read its shard"
-# how a Spark task carries a worker's error in its failure text: a zlib'd pickle, base64
+# how a Spark task with no log-server connection carries a worker's error in its failure
+# text: a zlib'd pickle, base64
 _ERROR_BLOB = re.compile(r"<<ringtrain-worker-error:(?:[0-9a-f]{64}:)?([A-Za-z0-9+/=]+):")
 
 
@@ -405,7 +406,8 @@ def _exception_texts(exc: BaseException | None, seen: set | None = None) -> list
     """An exception as anyone may see it: str, repr, its traceback, its fields (a
     WorkerError's traceback, a TrainingFailedError's worker errors), and the same of its
     cause and context — for a Spark job, the Py4J error holding Spark's failure text
-    (with the worker's error pickled in it, unpacked here too)."""
+    (and a worker error pickled in it, by a task with no log-server connection, unpacked
+    here too)."""
     seen = set() if seen is None else seen
     if exc is None or id(exc) in seen:
         return []
@@ -485,8 +487,9 @@ def test_the_secrets_of_a_spark_job_never_appear_in_output_logs_task_failures_or
     assert "environment keys" in out.getvalue() and "RING_SECRET_KEY" in out.getvalue()
     assert "joined through ringtrain" in err.getvalue()  # the ranks' log records
     assert failed.value.rank == 1 and _SHARD_ERROR in str(failed.value)
-    spark_text = [t for t in failure if _ERROR_BLOB.search(t)]  # the blob was unpacked too
+    spark_text = [t for t in failure if "Py4JJavaError" in t]  # Spark's text for the task
     assert spark_text and any(_SHARD_ERROR in t for t in spark_text)
+    assert not any(_ERROR_BLOB.search(t) for t in failure)  # the blob went by the log server
     assert any(r.name == "ringtrain.spark_runner" for r in caplog.records)
     assert [len(r["secrets"]) for r in res] == [3, 2]  # ring, fallback (rank 0), log server
     failed_job = _secrets_from(secrets_dir)

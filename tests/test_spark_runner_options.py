@@ -182,6 +182,49 @@ def test_a_failed_stage_is_retried_as_a_whole_with_the_attempt_number(spark, tmp
     assert {"rank0-attempt0", "rank0-attempt1", "rank1-attempt1"} <= set(os.listdir(tmp_path))
 
 
+class _UnreachableLogServer(LogServer):
+    """Seam: the tasks are told a port that refuses connections (a firewall, a Spark
+    Connect client behind NAT), so no task can ask the driver for its attempt."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]  # closed again: connection refused
+
+
+def _rank_0_fails_once(marker_dir):
+    attempt = int(os.environ[spark_runner.ATTEMPT_ENV_VAR])
+    rank = int(os.environ["RING_RANK"])
+    with open(os.path.join(marker_dir, f"{rank} {attempt}"), "w"):
+        pass
+    failed = os.path.join(marker_dir, "failed")
+    if rank == 0 and not os.path.exists(failed):
+        deadline = time.monotonic() + 30
+        while len(os.listdir(marker_dir)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)  # rank 1 has recorded its attempt too
+        open(failed, "w").close()
+        raise RuntimeError("transient failure")
+    return attempt
+
+
+@pytest.mark.reliability(
+    fault="a zombie stage attempt and its retry as checkpoint writers", category="fault"
+)
+def test_without_the_driver_a_retried_stage_is_still_a_newer_attempt_than_the_first(
+    spark, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(spark_runner._run, "LogServer", _UnreachableLogServer)
+    retry = spark_runner.run(_rank_0_fails_once, args=(str(tmp_path),), num_proc=2, verbose=0)
+    seen = sorted(tuple(map(int, n.split())) for n in os.listdir(tmp_path) if n != "failed")
+    first = [a for r, a in seen if a not in retry]
+    # Each attempt's ranks agree; the first is below any number the driver hands out
+    # (0, 1, ...) and the retry above it: never equal, as ctx.attemptNumber() (0 both
+    # times) made them.
+    assert len(set(retry)) == 1 and len(first) == 2 and len(set(first)) == 1, seen
+    assert first[0] < retry[0] < 0
+
+
 def _always_fails():
     raise KeyError(f"broken on rank {os.environ['RING_RANK']}")
 

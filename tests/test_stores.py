@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import logging
 import os
 import pickle
+import threading
 import uuid
 
 import _spark
@@ -53,23 +55,43 @@ def test_the_store_api_writes_reads_checks_and_removes(kind, memory_store, tmp_p
     store.rm(store.get_run_path("never-there"))  # nothing to remove is fine
 
 
-@pytest.mark.parametrize("kind", ["memory", "local"])
-def test_a_good_write_removes_the_temp_file_a_killed_writer_left(kind, memory_store, tmp_path):
-    store = memory_store if kind == "memory" else Store.create(str(tmp_path))
-    path = store.get_checkpoint_path("r1")
+@pytest.mark.reliability(fault="a checkpoint writer SIGKILLed mid-write", category="fault")
+@pytest.mark.parametrize("kind", ["local", "fsspec-file"])
+def test_a_write_removes_only_dead_writers_temp_files_never_a_live_writers(kind, tmp_path):
+    store = Store.create(str(tmp_path)) if kind == "local" else FsspecStore(f"file://{tmp_path}")
+    path = f"{store.get_run_path('r1')}/ckpt[ab].pt"  # glob characters in the path
     store.write_atomic(path, lambda f: f.write(b"epoch 1"))
-
-    def leave(name: str) -> None:
-        with open(name, "wb") if kind == "local" else store.fs.open(name, "wb") as f:
+    dead = [f"{path}.tmp-0badf00d", f"{path}.tmp-4242-0badf00d"]  # what killed writers left
+    kept = [f"{path}.tmp-notours", f"{store.get_run_path('r1')}/ckpta.pt.tmp-0badf00d"]
+    for name in dead + kept:
+        with open(name.removeprefix("file://"), "wb") as f:
             f.write(b"half")
+    inside, go, errors = threading.Event(), threading.Event(), []
 
-    stale = f"{path}.tmp-0badf00d"  # what a rank 0 SIGKILLed inside torch.save leaves
-    leave(stale)
-    other = f"{path}.tmp-notours"  # not a temp name of ours: kept
-    leave(other)
-    store.write_atomic(path, lambda f: f.write(b"epoch 2"))
+    def paused(f) -> None:  # a live writer of the same path, inside its write
+        f.write(b"epoch 3, ")
+        inside.set()
+        assert go.wait(30)
+        f.write(b"whole")
+
+    def live() -> None:
+        try:
+            store.write_atomic(path, paused)
+        except Exception as exc:
+            errors.append(exc)
+
+    writer = threading.Thread(target=live)
+    writer.start()
+    assert inside.wait(30)
+    store.write_atomic(path, lambda f: f.write(b"epoch 2"))  # and its cleanup
     assert store.read_bytes(path) == b"epoch 2"
-    assert not store.exists(stale) and store.exists(other)
+    go.set()
+    writer.join(30)
+    assert errors == [] and store.read_bytes(path) == b"epoch 3, whole"  # its file was its own
+    assert all(store.exists(name) for name in kept)
+    # a dead writer is told by its lock, which needs a local filesystem; an object store
+    # leaves them (a run checkpoint's go with its writer's folder: test_checkpoint_fencing)
+    assert not any(store.exists(name) for name in dead) if kind == "local" else True
 
 
 def test_memory_store_serves_parquet_to_pyarrow_and_copies_it_to_local_disk(memory_store):
@@ -212,8 +234,30 @@ def spark():
     return session
 
 
+def _tears_the_newest_checkpoint(store: Store, run_id: str):
+    """A callback: rank 0, after the last epoch, cuts the run's newest checkpoint in half
+    (what a crash of the store's host may leave)."""
+    from estimators import Callback
+
+    class Tear(Callback):
+        def on_train_end(self, logs):
+            if self.rank == 0:
+                path = store.find_checkpoint(run_id)
+                data = store.read_bytes(path)
+                with store.fs.open(path, "wb") as f:
+                    f.write(data[: len(data) // 2])
+
+    return Tear()
+
+
 @pytest.mark.spark
-def test_a_fit_through_an_fsspec_file_url_store_trains_and_checkpoints(spark, tmp_path):
+@pytest.mark.reliability(
+    fault="a host crash leaving the newest checkpoint empty, truncated or corrupt",
+    category="fault",
+)
+def test_a_fit_through_an_fsspec_file_url_store_trains_and_loads_past_a_torn_checkpoint(
+    spark, tmp_path, caplog
+):
     from estimators import RingEstimator
 
     rng = np.random.default_rng(0)
@@ -223,7 +267,7 @@ def test_a_fit_through_an_fsspec_file_url_store_trains_and_checkpoints(spark, tm
     store = FsspecStore("file://" + str(tmp_path))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(3, 1), torch.nn.Sigmoid())
-    fitted = RingEstimator(
+    estimator = RingEstimator(
         model=model,
         optimizer=torch.optim.Adam(model.parameters(), lr=0.05),
         loss=torch.nn.BCELoss(),
@@ -237,10 +281,22 @@ def test_a_fit_through_an_fsspec_file_url_store_trains_and_checkpoints(spark, tm
         store=store,
         run_id="fsspec",
         random_seed=3,
-    ).fit(df)
+        callbacks=[_tears_the_newest_checkpoint(store, "fsspec")],
+    )
+    with caplog.at_level(logging.WARNING, logger="ringtrain.estimators"):
+        fitted = estimator.fit(df)
     assert [e["epoch"] for e in fitted.getHistory()] == [1, 2]
-    assert os.path.isfile(tmp_path / "runs" / "fsspec" / "checkpoint" / "checkpoint.pt")
     assert store.read_json(store.get_history_path("fsspec")) == fitted.getHistory()
+    # one folder per writer (the fit's stage attempt 0); the driver loaded past the newest
+    # checkpoint, torn after the last epoch, to the previous one, and said so
+    latest = store.find_checkpoint("fsspec")
+    assert latest.startswith(f"{store.get_checkpoints_path('fsspec')}/writer-")
+    assert latest.endswith("-0/checkpoint.pt.prev"), latest
+    previous = torch.load(io.BytesIO(store.read_bytes(latest)), weights_only=True)
+    assert previous["epoch"] == 1
+    for name, value in previous["model"].items():
+        assert torch.equal(fitted.getModel().state_dict()[name], value), name
+    assert "checkpoint.pt is damaged" in caplog.text
 
 
 def test_workers_read_a_remote_store_in_place_unless_it_asks_for_a_local_copy(tmp_path):

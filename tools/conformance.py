@@ -6,7 +6,9 @@
 reads it then). Nothing of Horovod is copied into this repository: the suites and their
 helpers are written to a temporary folder for the run, beside a shim package named
 ``horovod`` whose modules re-export ringcore's bindings (``horovod.torch`` ->
-``ringcore.torch`` and so on) plus the few harness helpers Horovod's tests import.
+``ringcore.torch`` and so on) plus the few harness helpers Horovod's tests import
+(``tools/horovod_shim.py``). The page's section on Horovod's examples is written by
+``tools/examples.py``; this tool keeps it as it is.
 
 Each test runs in its own launch of ``--np`` ranks (as ``horovodrun -np 2 --gloo`` would
 start them: ``HOROVOD_RANK``/``HOROVOD_SIZE``/... and a store on 127.0.0.1), so a test that
@@ -26,11 +28,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from horovod_shim import SHIM, write_shim
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SUITES = (
@@ -39,6 +42,8 @@ DEFAULT_SUITES = (
     "test_tensorflow.py",
     "test_tensorflow2_keras.py",
 )
+# tools/examples.py's section of docs/conformance.md (this tool keeps it as it is).
+EXAMPLES_BEGIN, EXAMPLES_END = "<!-- examples:begin -->", "<!-- examples:end -->"
 # Support files every suite may import (test/utils is put on sys.path by test/conftest.py).
 SUPPORT = ("test/conftest.py", "test/utils/common.py", "test/parallel/base_test_tensorflow.py")
 # Tests whose failure is the test's own problem, not ringcore's, with the reason. Only
@@ -86,8 +91,8 @@ KNOWN_NOT_OURS: dict[str, str] = {
     "test_partial_distributed_gradient_tape": _K3_NO_REF,
     "test_horovod_syncbn_cpu": (
         "Keras 3: the test's reference tf.keras.layers.BatchNormalization(fused=False) is "
-        "rejected ('Unrecognized keyword arguments'); ringcore.tensorflow has no "
-        "SyncBatchNormalization yet either"
+        "rejected ('Unrecognized keyword arguments') before our SyncBatchNormalization "
+        "runs (tests/test_keras.py compares ours with BatchNormalization on the whole batch)"
     ),
     "test_broadcast_state": _MUON,
     "test_broadcast_state_options": _MUON,
@@ -98,138 +103,6 @@ KNOWN_NOT_OURS: dict[str, str] = {
 # instead of the first line of the traceback. (None today: the graph-mode error class
 # of test_tensorflow.py was the last, fixed in ringcore/tensorflow/_bridge.py.)
 EXPLAINED: dict[str, str] = {}
-
-SHIM = {
-    "horovod/__init__.py": '''
-        """A shim: Horovod's import names on ringcore (tools/conformance.py writes it)."""
-        import os
-
-        # As horovodrun --gloo: the tests read HOROVOD_RANK to know they run under Gloo.
-        __version__ = "0.28.1"
-    ''',
-    "horovod/torch/__init__.py": """
-        from ringcore.torch import *  # noqa: F403
-        from ringcore.torch import __all__  # noqa: F401
-        from . import mpi_ops  # noqa: F401
-    """,
-    "horovod/torch/mpi_ops.py": """
-        from ringcore.torch import *  # noqa: F403
-    """,
-    "horovod/torch/elastic/__init__.py": """
-        from ringcore.torch.elastic import *  # noqa: F403
-    """,
-    "horovod/tensorflow/__init__.py": """
-        from ringcore.tensorflow import *  # noqa: F403
-        from ringcore.tensorflow import __all__  # noqa: F401
-        from . import elastic, util  # noqa: F401
-        from .util import _executing_eagerly  # noqa: F401  (a harness helper of Horovod's)
-    """,
-    "horovod/tensorflow/elastic.py": """
-        from ringcore.tensorflow.elastic import *  # noqa: F403
-    """,
-    "horovod/tensorflow/keras/elastic.py": """
-        from ringcore.keras.elastic import *  # noqa: F403
-    """,
-    "horovod/tensorflow/util.py": """
-        import tensorflow as tf
-
-
-        def _executing_eagerly():
-            return tf.executing_eagerly()
-    """,
-    "horovod/tensorflow/keras/__init__.py": """
-        from ringcore.keras import *  # noqa: F403
-        from ringcore.keras import __all__  # noqa: F401
-        from ringcore.keras import callbacks  # noqa: F401
-        try:
-            from ringcore.keras import elastic  # noqa: F401
-        except ImportError:
-            pass
-    """,
-    "horovod/keras/__init__.py": """
-        from horovod.tensorflow.keras import *  # noqa: F403
-        from horovod.tensorflow.keras import callbacks  # noqa: F401
-        try:
-            from horovod.tensorflow.keras import elastic  # noqa: F401
-        except ImportError:
-            pass
-    """,
-    "horovod/common/__init__.py": "",
-    "horovod/common/util.py": '''
-        """The test-harness helpers Horovod's tests import from horovod.common.util."""
-        import contextlib
-        import os
-
-        from packaging import version as _version
-
-        from ringcore import _capabilities as _caps
-
-
-        def gloo_built(verbose=False):
-            return _caps.gloo_built()
-
-
-        def mpi_built(verbose=False):
-            return _caps.mpi_built()
-
-
-        def nccl_built(verbose=False):
-            return _caps.nccl_built()
-
-
-        def ccl_built(verbose=False):
-            return False
-
-
-        def ddl_built(verbose=False):
-            return False
-
-
-        @contextlib.contextmanager
-        def env(**kwargs):
-            saved = {k: os.environ.get(k) for k in kwargs if kwargs[k] is not None}
-            os.environ.update({k: v for k, v in kwargs.items() if v is not None})
-            try:
-                yield
-            finally:
-                for k, v in saved.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
-
-
-        def is_version_greater_equal_than(ver, target):
-            return _version.parse(ver) >= _version.parse(target)
-
-
-        def is_iterable(x):
-            try:
-                iter(x)
-            except TypeError:
-                return False
-            return True
-    ''',
-    "horovod/runner/__init__.py": "",
-    "horovod/runner/util/__init__.py": "",
-    "horovod/runner/util/threads.py": '''
-        """in_thread, as the tests' helpers use it."""
-        import threading
-
-
-        def in_thread(target, args=(), name=None, daemon=True, silent=False):
-            def run():
-                try:
-                    target(*args)
-                except Exception:
-                    if not silent:
-                        raise
-
-            thread = threading.Thread(target=run, name=name, daemon=daemon)
-            thread.start()
-            return thread
-    ''',
-}
 
 
 @dataclass
@@ -259,10 +132,7 @@ def materialize(src: Path, work: Path, suites: list[str]) -> None:
             continue
         (work / rel).parent.mkdir(parents=True, exist_ok=True)
         (work / rel).write_text(text)
-    for rel, text in SHIM.items():
-        path = work / "shim" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text).lstrip())
+    write_shim(work / "shim", SHIM)
 
 
 def base_env(work: Path) -> dict[str, str]:
@@ -415,7 +285,8 @@ def write_markdown(path: Path, outcomes: list[Outcome], meta: dict[str, str]) ->
         "Gloo ranks on one host, as `horovodrun -np 2 --gloo` starts them. GPU-only and",
         "MPI-only tests skip. *Not ours* counts failures inside the test's own code on",
         "today's frameworks (a test written for Keras 2 or an older torch), each with its",
-        "reason below.",
+        "reason below. Horovod's examples, run unchanged, are the last section (written by",
+        "`tools/examples.py`).",
         "",
         f"Horovod source: commit `{meta['horovod_commit']}`. ringtrain: "
         + (meta["runs"] if "runs" in meta else f"commit `{meta['ringtrain_commit']}`")
@@ -447,7 +318,17 @@ def write_markdown(path: Path, outcomes: list[Outcome], meta: dict[str, str]) ->
             explained = EXPLAINED.get(name, o.reason) if o.result == "failed" else o.reason
             reason = (KNOWN_NOT_OURS[name] if not_ours(o) else explained).replace("|", "\\|")
             lines.append(f"| `{name}` | {result} | {reason} |")
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join([*lines, *examples_section(path)]) + "\n")
+
+
+def examples_section(page: Path) -> list[str]:
+    """The section ``tools/examples.py`` wrote in ``page`` (kept when this tool rewrites
+    the suites' part of the page), preceded by a blank line; none if there is none."""
+    text = page.read_text() if page.exists() else ""
+    if EXAMPLES_BEGIN not in text or EXAMPLES_END not in text:
+        return []
+    start, end = text.index(EXAMPLES_BEGIN), text.index(EXAMPLES_END) + len(EXAMPLES_END)
+    return ["", text[start:end]]
 
 
 def report(paths: list[Path], out: Path) -> None:

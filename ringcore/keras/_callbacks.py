@@ -8,6 +8,7 @@ import keras
 import numpy as np
 
 from .. import _runtime
+from .._ops import Max
 from ..tensorflow._bridge import tf
 from ..tensorflow._collectives import allreduce
 from ..tensorflow._training import broadcast_variables, variable_key
@@ -33,9 +34,12 @@ def model_variables(model: Any) -> list[Any]:
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """At the start of training, every rank takes rank ``root_rank``'s weights and
-    optimizer state (Keras builds the optimizer before ``on_train_begin``; if it has
-    not, the optimizer state follows after the first batch). ``local_variables`` keep
-    each rank's own values."""
+    optimizer state. Keras 3 builds the optimizer in the first step (before
+    ``on_train_begin`` only under a ``tf.distribute`` strategy), and a script may build or
+    restore it on some ranks only: the ranks agree first (one small allreduce), a rank
+    whose optimizer is unbuilt while another's is built builds its own, and then every
+    rank broadcasts the same variables; when no rank's is built, the optimizer state
+    follows after the first batch. ``local_variables`` keep each rank's own values."""
 
     def __init__(self, root_rank: int = 0, device: str = "", local_variables: Any = None):
         super().__init__()
@@ -48,8 +52,13 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         return [v for v in variables if variable_key(v) not in local]
 
     def on_train_begin(self, logs: Any = None) -> None:
-        broadcast_variables(self._shared(model_variables(self.model)), self.root_rank)
         optimizer = getattr(self.model, "optimizer", None)
+        if optimizer is not None:
+            built = tf.constant([1 if optimizer.built else 0], dtype=tf.int32)
+            any_built = int(allreduce(built, op=Max, name="keras.optimizer_built")[0])
+            if any_built and not optimizer.built:  # built on another rank only: build here too
+                optimizer.build(self.model.trainable_variables)
+        broadcast_variables(self._shared(model_variables(self.model)), self.root_rank)
         self._optimizer_pending = optimizer is not None and not optimizer.built
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:

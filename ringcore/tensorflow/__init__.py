@@ -53,6 +53,7 @@ from ._compression import Compression
 from ._grouped import grouped_allgather, grouped_reducescatter
 from ._optimizer import DistributedOptimizer
 from ._rank_ops import local_rank_op, local_size_op, process_set_included_op, rank_op, size_op
+from ._sync_batch_norm import SyncBatchNormalization
 from ._training import (
     DistributedGradientTape,
     PartialDistributedGradientTape,
@@ -79,6 +80,7 @@ __all__ = [
     "RingError",
     "RingInternalError",
     "Sum",
+    "SyncBatchNormalization",
     "add_process_set",
     "allgather",
     "allgather_object",

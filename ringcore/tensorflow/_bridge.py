@@ -156,15 +156,24 @@ def run_op(
     inputs: Sequence[Any],
     tout: Any,
     op_name: str,
+    *,
+    shape: Any,
 ) -> Any:
     """``fn(*inputs)`` now when eager; in a graph, a ``tf.py_function`` chained after
     the graph's previous collective, whose mismatch errors fail the step as
-    ``FailedPreconditionError`` (see the module docstring)."""
+    ``FailedPreconditionError`` (see the module docstring).
+
+    ``shape`` is the static shape of the output (a list of them when ``tout`` is a
+    list; ``None`` in a dimension the op does not know before it runs). A
+    ``py_function``'s outputs have no static shape, not even a rank, so the graph's
+    outputs get this one: a Keras 3 ``Variable.assign`` of a broadcast value, a
+    ``tf.reshape`` or a layer built on the result need it at trace time."""
     fn = _tf_errors(fn)
     if tf.executing_eagerly():
         return fn(*inputs)
     single = not isinstance(tout, list | tuple)
     touts = [tout] if single else list(tout)
+    shapes = [shape] if single else list(shape)
     graph = tf.compat.v1.get_default_graph()
     previous = _chains.get(graph)
     with tf.control_dependencies([previous] if previous is not None else []):
@@ -174,5 +183,7 @@ def run_op(
         ok = _guard(raw[-1])
     with tf.control_dependencies([ok]):
         outs = [tf.identity(o) for o in raw[:-1]]
+    for out, static in zip(outs, shapes, strict=True):
+        out.set_shape(static)
     _chains[graph] = ok.op
     return outs[0] if single else outs

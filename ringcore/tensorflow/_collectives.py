@@ -61,11 +61,12 @@ def _set_size(process_set: ProcessSet) -> int:
     return (process_set or global_process_set).size()
 
 
-def _with_rows(like: Any, out: Any) -> Any:
-    """Static shape of an op whose first dimension changes (allgather and co.)."""
-    if like.shape.rank is not None:
-        out.set_shape([None, *like.shape[1:]])
-    return out
+def _rows_unknown(like: Any) -> Any:
+    """The static shape of an op whose first dimension changes (allgather and co.):
+    ``like``'s, its first dimension unknown (an unknown rank stays unknown)."""
+    if like.shape.rank is None:
+        return tf.TensorShape(None)
+    return tf.TensorShape([None, *like.shape[1:]])
 
 
 # -- allreduce ------------------------------------------------------------------------------
@@ -77,9 +78,7 @@ def _allreduce_raw(tensor, op, pre, post, process_set, name):
             C.synchronize(C.allreduce_async(to_torch(x), None, name, op, pre, post, process_set))
         )
 
-    out = run_op(eager, [tensor], tensor.dtype, "RingAllreduce")
-    out.set_shape(tensor.shape)
-    return out
+    return run_op(eager, [tensor], tensor.dtype, "RingAllreduce", shape=tensor.shape)
 
 
 def _allreduce_diff(tensor, op, pre, post, process_set, name):
@@ -160,11 +159,8 @@ def _grouped_raw(tensors, op, pre, post, process_set, name):
         )
         return [to_tf(t) for t in C.synchronize(handle)]
 
-    outs = run_op(eager, tensors, [t.dtype for t in tensors], "RingGroupedAllreduce")
-    outs = list(outs)
-    for t, o in zip(tensors, outs, strict=True):
-        o.set_shape(t.shape)
-    return outs
+    dtypes, shapes = [t.dtype for t in tensors], [t.shape for t in tensors]
+    return list(run_op(eager, tensors, dtypes, "RingGroupedAllreduce", shape=shapes))
 
 
 def _grouped_diff(tensors, op, pre, post, process_set, name):
@@ -246,7 +242,7 @@ def _allgather_raw(tensor, process_set, name):
     def eager(x):
         return to_tf(C.synchronize(C.allgather_async(to_torch(x), name, process_set)))
 
-    return _with_rows(tensor, run_op(eager, [tensor], tensor.dtype, "RingAllgather"))
+    return run_op(eager, [tensor], tensor.dtype, "RingAllgather", shape=_rows_unknown(tensor))
 
 
 def allgather(
@@ -289,9 +285,7 @@ def _broadcast_raw(tensor, root_rank, process_set, name):
     def eager(x):
         return to_tf(C.synchronize(C.broadcast_async(to_torch(x), root_rank, name, process_set)))
 
-    out = run_op(eager, [tensor], tensor.dtype, "RingBroadcast")
-    out.set_shape(tensor.shape)
-    return out
+    return run_op(eager, [tensor], tensor.dtype, "RingBroadcast", shape=tensor.shape)
 
 
 def broadcast(
@@ -324,9 +318,11 @@ def _alltoall_raw(tensor, splits, process_set, name):
         out, received = C.synchronize(C.alltoall_async(to_torch(x), to_torch(s), name, process_set))
         return to_tf(out), to_tf(received.to(torch.int32))
 
-    out, received = run_op(eager, [tensor, splits], [tensor.dtype, tf.int32], "RingAlltoall")
-    received.set_shape([_set_size(process_set)])
-    return _with_rows(tensor, out), received
+    shapes = [_rows_unknown(tensor), tf.TensorShape([_set_size(process_set)])]
+    out, received = run_op(
+        eager, [tensor, splits], [tensor.dtype, tf.int32], "RingAlltoall", shape=shapes
+    )
+    return out, received
 
 
 def alltoall(
@@ -390,7 +386,8 @@ def _reducescatter_raw(tensor, op, pre, post, process_set, name):
             C.synchronize(C.reducescatter_async(to_torch(x), name, op, process_set, pre, post))
         )
 
-    return _with_rows(tensor, run_op(eager, [tensor], tensor.dtype, "RingReducescatter"))
+    shape = _rows_unknown(tensor)
+    return run_op(eager, [tensor], tensor.dtype, "RingReducescatter", shape=shape)
 
 
 def reducescatter(
@@ -443,7 +440,7 @@ def join() -> Any:
     def eager():
         return tf.constant(C.join(), tf.int32)
 
-    return run_op(eager, [], tf.int32, "RingJoin")
+    return run_op(eager, [], tf.int32, "RingJoin", shape=[])
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> Any:
@@ -454,4 +451,4 @@ def barrier(process_set: ProcessSet = global_process_set) -> Any:
         C.barrier(process_set)
         return tf.constant(0, tf.int32)
 
-    return run_op(eager, [], tf.int32, "RingBarrier")
+    return run_op(eager, [], tf.int32, "RingBarrier", shape=[])

@@ -295,7 +295,8 @@ def broadcast_variables(
         return [to_tf(C.synchronize(h)) for h in handles]
 
     values = [tf.convert_to_tensor(v) for v in variables]
-    received = run_op(eager, values, [v.dtype for v in values], "RingBroadcastVariables")
+    dtypes, shapes = [v.dtype for v in values], [v.shape for v in values]
+    received = run_op(eager, values, dtypes, "RingBroadcastVariables", shape=shapes)
     assigns = [v.assign(r) for v, r in zip(variables, received, strict=True)]
     return None if tf.executing_eagerly() else tf.group(*assigns)
 
@@ -320,7 +321,8 @@ def broadcast_(
     if not variables:
         return []
     values = [tf.convert_to_tensor(v) for v in variables]
-    received = run_op(eager, values, [v.dtype for v in values], "RingBroadcastInPlace")
+    dtypes, shapes = [v.dtype for v in values], [v.shape for v in values]
+    received = run_op(eager, values, dtypes, "RingBroadcastInPlace", shape=shapes)
     return [v.assign(r) for v, r in zip(variables, received, strict=True)]
 
 

@@ -29,6 +29,7 @@ from .._runtime import (
     start_timeline,
     stop_timeline,
 )
+from . import elastic  # hvd.elastic.run, as in Horovod's package
 from ._collectives import (
     allgather,
     allgather_async,
@@ -104,6 +105,7 @@ __all__ = [
     "cross_size",
     "cuda_built",
     "ddl_built",
+    "elastic",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",

@@ -58,7 +58,14 @@ class State:
             callback()
 
     def commit(self) -> None:
+        """Save the state, then :meth:`check_host_updates`."""
         self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """Raise :class:`HostsUpdatedInterrupt` when the launcher has published a newer
+        generation of the ring than the one this worker runs in (Horovod's method of the
+        same name; ``commit`` calls it)."""
         if hosts_updated():
             raise HostsUpdatedInterrupt(skip_sync=False)
 
