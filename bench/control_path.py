@@ -43,7 +43,7 @@ N_ASYNC = 1000
 
 
 def _engine():
-    from ringcore import _state
+    from ringcore.runtime import state as _state
 
     return _state.current.engine
 
@@ -123,11 +123,16 @@ def _worker(n_block: int, rounds: int) -> dict:
 
 # (class path, method, stage at entry, stage at exit or None)
 _STAGES = [
-    ("_engine.Engine", "submit_many", "engine: submit", "engine: submitted"),
-    ("_engine.Engine", "flush", "engine: send requests", "engine: requests sent"),
-    ("_coordinator.Coordinator", "_handle", "coordinator: a request read", None),
-    ("_coordinator.Coordinator", "_broadcast", "coordinator: send responses", "coordinator: sent"),
-    ("_engine.Engine", "_execute", "engine thread: response read", "engine thread: op done"),
+    ("engine.engine.Engine", "submit_many", "engine: submit", "engine: submitted"),
+    ("engine.engine.Engine", "flush", "engine: send requests", "engine: requests sent"),
+    ("engine.coordinator.Coordinator", "_handle", "coordinator: a request read", None),
+    (
+        "engine.coordinator.Coordinator",
+        "_broadcast",
+        "coordinator: send responses",
+        "coordinator: sent",
+    ),
+    ("engine.engine.Engine", "_execute", "engine thread: response read", "engine thread: op done"),
 ]
 
 
@@ -138,7 +143,7 @@ def _stages_worker(n_ops: int) -> dict:
     import torch.distributed as dist
 
     import ringcore.torch as hvd
-    from ringcore import _state
+    from ringcore.runtime import state as _state
 
     events: list[tuple[str, float]] = []
     clock = time.perf_counter
@@ -155,7 +160,7 @@ def _stages_worker(n_ops: int) -> dict:
         return wrapper
 
     for path, method, enter, leave in _STAGES:
-        module, cls = path.split(".")
+        module, cls = path.rsplit(".", 1)
         owner = getattr(importlib.import_module(f"ringcore.{module}"), cls)
         setattr(owner, method, timed(getattr(owner, method), enter, leave))
     hvd.init()

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from pyspark.ml.param import Param
     from typing_extensions import Self
 
-    from ._store import Store
+    from .store._store import Store
 
 __all__ = ["EstimatorAccessors", "ModelAccessors"]
 '''

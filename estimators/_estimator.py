@@ -1,29 +1,26 @@
 """``RingEstimator``: data-parallel training of a model as a Spark ML ``Estimator``.
 
-``fit(df)`` follows the data path of docs/architecture.md, one step after the other:
+``fit(df)`` is the data path of docs/architecture.md, five steps of ``estimators/fit/``,
+each handing the next what it made and none calling back into an earlier one:
 
-1. **Resolve** (``_config.resolve_config``, then ``_launch.check_slots``): every param
-   checked against ``df.schema`` and the defaults filled in, the cluster's task slots
-   counted; no Spark job runs and nothing is written yet. On a Spark Connect session
-   (``SparkSession.builder.remote(...)``) the slots come from the server's conf and
-   ``_checks.check_connect_store`` makes sure the server sees the store.
-2. **Prepare** (``_prepare.prepare_data``): one job checks the data and a first batch
-   goes through the model; then the data is written as balanced Parquet in the Store.
-3. **Launch** (``_launch.launch``): the framework's worker function
-   (``_frameworks.get_framework``) runs on ``num_proc`` Spark tasks through the
-   ``launcher`` seam, while the metrics of each epoch are printed.
-4. **Build** the :class:`RingModel` from the run's final checkpoint.
+1. **Resolve** (``fit/_resolve.py``): every param checked against ``df.schema``, the
+   model's framework found through the registry (``estimators.frameworks``) and its own
+   params resolved, the defaults filled in, the run chosen, the store probed and, for
+   the Spark launcher, the cluster's task slots counted; no Spark job runs. On Spark
+   Connect the server must see the store.
+2. **Check** (``fit/_check.py``): one job checks the data; two rows go through the model.
+3. **Write** (``fit/_write.py``): the data as balanced Parquet in the Store (or reused).
+4. **Launch** (``fit/_launch.py``): the framework's worker function runs on ``num_proc``
+   Spark tasks through the ``launcher`` seam, while the metrics of each epoch are shown.
+5. **Build** (``fit/_build.py``): the :class:`RingModel` from the run's final checkpoint.
 
-``fit_on_parquet`` skips step 2: its data is in the store already.
+``fit_on_parquet`` skips steps 2 and 3: its data is in the store already.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
-import os
 import posixpath
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,16 +29,9 @@ from pyspark.ml import Estimator
 from pyspark.ml.util import MLReadable, MLWritable
 from pyspark.sql import DataFrame, SparkSession
 
-from ringcore.progress import progress_enabled, say
 from spark_runner import is_connect
 
 from ._accessors import EstimatorAccessors
-from ._checks import check_connect_store
-from ._config import FitConfig, resolve_config
-from ._frameworks import get_framework
-from ._launch import check_slots, launch, spark_launcher
-from ._lightning import with_lightning_params
-from ._mlflow import MlflowTracker, log_model_to_mlflow
 from ._model import RingModel
 from ._params import (
     ESTIMATOR_PARAMS,
@@ -52,11 +42,13 @@ from ._params import (
     with_params,
 )
 from ._persistence import RingEstimatorReader, RingEstimatorWriter
-from ._prepare import PreparedData, check_parquet_columns, describe_parquet, prepare_data
-from ._report import HistoryPrinter
-from ._store import TRAIN_DATA, VAL_DATA, Store
-
-_log = logging.getLogger("ringtrain.estimators")
+from .fit._build import build_model
+from .fit._check import check_data
+from .fit._launch import launch, spark_launcher
+from .fit._resolve import resolve_config
+from .fit._write import describe_stored, write_data
+from .store._layout import TRAIN_DATA, VAL_DATA
+from .store._store import Store
 
 __all__ = ["RingEstimator"]
 
@@ -99,21 +91,6 @@ def _horovod_paths(store: Store, dataset_idx: int | None) -> tuple[str, str | No
             "or prepare step wrote, or train_path= to read Parquet from another path."
         )
     return train, (val if store.exists(val) else None)
-
-
-def _with_env(fn: Callable[..., Any], env: dict[str, str], *args: Any) -> Any:
-    """Run ``fn(*args)`` with ``env`` in ``os.environ``, restored afterwards (Spark reuses
-    its Python workers)."""
-    saved = {name: os.environ.get(name) for name in env}
-    os.environ.update(env)
-    try:
-        return fn(*args)
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _parquet_call(
@@ -252,10 +229,12 @@ class RingEstimator(EstimatorAccessors, Estimator, MLWritable, MLReadable["RingE
 
     def _fit(self, dataset: DataFrame) -> RingModel:
         _activate(dataset.sparkSession)
-        cfg = self._resolve(dataset)  # 1. params, columns, slots: no job yet
-        data = prepare_data(dataset, cfg)  # 2. one job checks the data, then the Parquet
-        history = self._launch(cfg, data)  # 3. the workers train
-        return self._build(cfg, data, history)  # 4. the final checkpoint
+        spark_stage = self.launcher is spark_launcher  # its task slots are counted first
+        cfg = resolve_config(self, dataset, slots=spark_stage)  # 1. no job yet
+        checked = check_data(dataset, cfg)  # 2. one job, a first batch through the model
+        data = write_data(dataset, cfg, checked)  # 3. the Parquet in the store
+        history = launch(self.launcher, cfg, data)  # 4. the workers train
+        return build_model(cfg, data, history, self.getUseGpu())  # 5. the final checkpoint
 
     def fit_on_parquet(
         self,
@@ -287,65 +266,6 @@ class RingEstimator(EstimatorAccessors, Estimator, MLWritable, MLReadable["RingE
                     "was written under), or train_path=..."
                 )
             train, val = _horovod_paths(store, dataset_idx)
-        cfg = with_lightning_params(est, resolve_config(est, None, SparkSession.getActiveSession()))
-        check_parquet_columns(cfg, [train] + ([val] if val is not None else []))
-        data = describe_parquet(cfg, train, val)
-        return est._build(cfg, data, est._launch(cfg, data))
-
-    def _resolve(self, dataset: DataFrame) -> FitConfig:
-        """Step 1: every param checked against ``dataset``'s schema, then the task slots
-        (before the data is written; only for the Spark launcher) and, on Spark Connect,
-        that the server sees the store."""
-        cfg = with_lightning_params(self, resolve_config(self, dataset))
-        spark = dataset.sparkSession
-        if self.launcher is spark_launcher:
-            check_slots(spark, cfg.num_proc)
-        if is_connect(spark):
-            check_connect_store(spark, cfg.store)
-        return cfg
-
-    def _launch(self, cfg: FitConfig, data: PreparedData) -> list[dict[str, Any]]:
-        """Step 3: the framework's last check, then its worker function on ``num_proc``
-        tasks; the history of rank 0 (logged to MLflow when a run is active)."""
-        framework = get_framework(cfg.framework)
-        framework.check_prepared(cfg, data)
-        fn, args = framework.worker(cfg, data)
-        if cfg.knobs.backend_env:  # Horovod's backend_env: set in every worker for the fit
-            fn, args = _with_env, (fn, dict(cfg.knobs.backend_env), *args)
-        tracker = MlflowTracker(cfg)  # params now, each epoch as it lands, FAILED on error
-        show = cfg.verbose >= 1 and progress_enabled(self.getOrDefault("progress"))
-        started = time.monotonic()
-        say(_log, cfg.verbose, 1, "fitting run %s on %d workers", cfg.run_id, cfg.num_proc)
-        with HistoryPrinter(
-            cfg.store, cfg.run_id, cfg.epochs, cfg.verbose >= 1, None, show, tracker.log_epoch
-        ) as printer:
-            try:
-                history = launch(self.launcher, fn, args, cfg)[0]  # explains store failures
-            except BaseException:
-                tracker.fail()
-                raise
-            printer.finish(history)  # every epoch's line and the last progress, then ours
-        elapsed = time.monotonic() - started
-        say(_log, cfg.verbose, 1, "fit finished on %d workers in %.1f s", cfg.num_proc, elapsed)
-        tracker.finish(history)
-        return history
-
-    def _build(
-        self, cfg: FitConfig, data: PreparedData, history: list[dict[str, Any]]
-    ) -> RingModel:
-        """Step 4: the trained model from the run's final checkpoint, as a RingModel."""
-        model = RingModel(
-            model=get_framework(cfg.framework).load_checkpoint(cfg),
-            history=history,
-            run_id=cfg.run_id,
-            feature_cols=cfg.feature_cols,
-            label_cols=cfg.label_cols,
-            output_cols=[f"{label}__output" for label in cfg.label_cols],
-            feature_shapes=data.feature_shapes,
-            store=cfg.store,
-            use_gpu=self.getUseGpu(),  # as set (None: auto), so transform decides per task
-        )
-        if cfg.label_kinds is not None:  # Vector labels give Vector outputs (RingModel.transform)
-            model.setLabelKinds(cfg.label_kinds)
-        log_model_to_mlflow(cfg.framework, model.getModel())  # when an MLflow run is active
-        return model
+        cfg = resolve_config(est, None, SparkSession.getActiveSession())
+        data = describe_stored(cfg, train, val)
+        return build_model(cfg, data, launch(est.launcher, cfg, data), est.getUseGpu())

@@ -1,7 +1,7 @@
 """``RingModel``: the fitted model; ``transform(df)`` predicts on the executors.
 
 Inference runs in Arrow batches through ``mapInArrow``, with the function the model's
-framework gives (``_frameworks.get_framework(...).predictor``): each task loads the
+framework gives (``estimators.frameworks``: ``framework_of(model).predictor``): each task loads the
 model once, then runs one forward pass per Arrow batch; the DataFrame's own columns
 pass through untouched and ``<label>__output`` columns are appended. An output column
 is ``double`` when the model gives one value per row, else ``array<double>`` — decided
@@ -27,11 +27,12 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import DataType, StructField, StructType
 
 from ._accessors import ModelAccessors
-from ._columns import check_columns, feature_expr, is_staged_as_is
-from ._frameworks import Predictor, framework_of, get_framework
 from ._params import MODEL_PARAMS, init_params, with_params
 from ._persistence import RingModelReader, RingModelWriter
-from ._store import Store
+from .data._columns import check_columns, feature_expr, is_staged_as_is
+from .frameworks._base import Framework, Predictor
+from .frameworks._registry import framework_of
+from .store._store import Store
 
 __all__ = ["RingModel"]
 
@@ -133,12 +134,12 @@ class RingModel(ModelAccessors, Model, MLWritable, MLReadable["RingModel"]):
             )
         return [[len(first[c])] if isinstance(first[c], list) else [1] for c in features]
 
-    def _check(self, df: DataFrame, names: list[str]) -> str:
+    def _check(self, df: DataFrame, names: list[str]) -> Framework:
         """Check the columns against ``df``; returns the model's framework."""
         model = self.getModel()
         if model is None:
             raise ValueError("this RingModel holds no model; set it with setModel(...).")
-        kind = framework_of(model)
+        framework = framework_of(model)
         check_columns(df.schema, self._columns("feature_cols"), "feature", "setFeatureCols")
         clash = [n for n in names if n in df.columns]
         if clash:
@@ -157,11 +158,11 @@ class RingModel(ModelAccessors, Model, MLWritable, MLReadable["RingModel"]):
                 f"label_kinds names {len(label_kinds)} kind(s) ({label_kinds}) but the model has "
                 f"{len(names)} output(s); give one per label column with setLabelKinds([...])."
             )
-        return kind
+        return framework
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
         names, features = self._output_names(), self._columns("feature_cols")
-        kind = self._check(dataset, names)
+        framework = self._check(dataset, names)
         # A feature column already as the model reads it (float, array<float>) is read
         # in place; others get a converted copy. Every column crosses to Python and back
         # (mapInArrow passes them through), so no column travels twice without need.
@@ -169,7 +170,7 @@ class RingModel(ModelAccessors, Model, MLWritable, MLReadable["RingModel"]):
         staged = [f.name if is_staged_as_is(f) else _STAGED.format(i) for i, f in enumerate(fields)]
         copies = [feature_expr(f, s) for f, s in zip(fields, staged, strict=True) if s != f.name]
         inputs = dataset.select("*", *copies) if copies else dataset
-        kinds, predict = self._predictor(kind, dataset, staged, names)
+        kinds, predict = self._predictor(framework, dataset, staged, names)
         vectors = [i for i, k in enumerate(self.getLabelKinds() or []) if k == "vector"]
         if vectors:  # Vector labels at fit time: dense Vector outputs
             kinds = [VectorUDT() if i in vectors else k for i, k in enumerate(kinds)]
@@ -181,11 +182,11 @@ class RingModel(ModelAccessors, Model, MLWritable, MLReadable["RingModel"]):
         return inputs.mapInArrow(predict, schema)
 
     def _predictor(
-        self, kind: str, dataset: DataFrame, staged: list[str], names: list[str]
+        self, framework: Framework, dataset: DataFrame, staged: list[str], names: list[str]
     ) -> tuple[list[DataType], Predictor]:
         """The output column types and the per-task ``mapInArrow`` function of the
-        model's framework (``kind``, from ``_frameworks.framework_of``)."""
+        model's framework."""
         shapes = self._feature_shapes(dataset, self._columns("feature_cols"))
-        return get_framework(kind).predictor(
+        return framework.predictor(
             self.getModel(), shapes, staged, len(dataset.columns), names, self.getUseGpu()
         )

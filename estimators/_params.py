@@ -23,9 +23,9 @@ from typing import Any
 
 from pyspark.ml.param import Param, Params, TypeConverters
 
-from ._columns import LABEL_KINDS
-from ._lightning import check_reserved_trainer_args
-from ._store import Store
+from .data._columns import LABEL_KINDS
+from .frameworks.lightning._trainer_args import to_trainer_args
+from .store._store import Store
 
 __all__ = [
     "ESTIMATOR_PARAMS",
@@ -108,16 +108,6 @@ def _to_callable(value: Any) -> Any:
 def _to_callbacks(value: Any) -> list[Any]:
     items = [value] if not isinstance(value, (list, tuple)) else list(value)
     return items
-
-
-def _to_trainer_args(value: Any) -> dict[str, Any]:
-    """A dict of ``lightning.Trainer`` keyword arguments, none of those ringtrain sets."""
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise TypeError(
-            f"trainer_args takes a dict of lightning.Trainer keyword arguments, got {value!r}"
-        )
-    check_reserved_trainer_args(value)
-    return dict(value)
 
 
 def _to_floats(value: Any) -> list[float]:
@@ -232,7 +222,7 @@ _CONVERTER_TYPES: dict[Callable[[Any], Any], tuple[str, str]] = {
     _to_callable: ("Callable[..., Any]", "Callable[..., Any]"),
     _to_callbacks: ("Any", "list[Any]"),
     _to_history: ("Sequence[dict[str, Any]]", "list[dict[str, Any]]"),
-    _to_trainer_args: ("dict[str, Any]", "dict[str, Any]"),
+    to_trainer_args: ("dict[str, Any]", "dict[str, Any]"),
     _to_label_kinds: ("str | Sequence[str]", "list[str]"),
     _to_floats: ("float | Sequence[float]", "list[float]"),
     _to_callables: ("Any", "list[Any]"),
@@ -276,7 +266,7 @@ ESTIMATOR_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("inmemory_cache_all", _bool, False, "each worker reads its training shard into memory once and serves every epoch from there (shuffled per epoch)"),
     ParamSpec("backward_passes_per_step", _int, 1, "gradient accumulation: backward passes per optimizer step"),
     ParamSpec("callbacks", _to_callbacks, [], "torch: objects with any of on_train_begin(logs), on_epoch_begin(epoch, logs), on_batch_end(batch, logs), on_epoch_end(epoch, logs), on_train_end(logs), called on every rank; lightning: lightning.pytorch.Callback objects, given to every rank's Trainer"),
-    ParamSpec("trainer_args", _to_trainer_args, {}, "lightning: more lightning.Trainer keyword arguments, e.g. {'precision': 'bf16-mixed', 'gradient_clip_val': 1.0}; strategy, devices, num_nodes, max_epochs and enable_checkpointing are ringtrain's"),
+    ParamSpec("trainer_args", to_trainer_args, {}, "lightning: more lightning.Trainer keyword arguments, e.g. {'precision': 'bf16-mixed', 'gradient_clip_val': 1.0}; strategy, devices, num_nodes, max_epochs and enable_checkpointing are ringtrain's"),
     ParamSpec("logger", _any, None, "lightning: the Trainer's logger (a lightning logger, on every rank); default None: none (the history is in the store and RingModel.getHistory())"),
     ParamSpec("log_every_n_steps", _int, 50, "lightning: the Trainer's log_every_n_steps"),
     ParamSpec("terminate_on_nan", _bool, False, "lightning: a non-finite training loss fails the fit"),

@@ -6,13 +6,14 @@ Layout under ``path`` (a local path or a URL Spark and fsspec both understand)::
                               the JSON params (history, run_id, columns, label kinds,
                               feature shapes, the store's prefix) and ``ringtrain`` extras
     <path>/model/weights.pt   torch (and Lightning): torch.save of the module's state_dict
-                              (+ non-persistent buffers; _framework_torch.save_module)
+                              (+ non-persistent buffers; frameworks/torch/_checkpoint.py)
     <path>/model/module.pkl   torch: cloudpickle of the module's *structure*, its tensors
                               on the ``meta`` device (no weights)
     <path>/model/model.keras  Keras: the model in Keras's own format
 
-The framework (recorded in the metadata) writes and reads ``<path>/model/``
-(``_frameworks.get_framework(...).save_model`` / ``load_model``).
+The framework (recorded in the metadata by name) writes and reads ``<path>/model/``
+(``estimators.frameworks``: ``Framework.save_model`` / ``load_model``), so a model of a
+framework registered by ``register_framework`` saves and loads as the built-in ones.
 
 Why cloudpickle for the structure: a module's class is often defined in a notebook or a
 training script that the loading process cannot import; cloudpickle stores such a class
@@ -40,7 +41,7 @@ from __future__ import annotations
 
 import json
 import posixpath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cloudpickle
 import fsspec
@@ -49,11 +50,8 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, 
 
 from spark_runner import is_connect
 
-from ._frameworks import FRAMEWORKS, TORCH, framework_of, get_framework
-from ._store import Store
-
-if TYPE_CHECKING:
-    from ._model import RingModel
+from .frameworks._registry import framework_of, get_framework
+from .store._store import Store
 
 __all__ = ["RingEstimatorReader", "RingEstimatorWriter", "RingModelReader", "RingModelWriter"]
 
@@ -73,7 +71,7 @@ _JSON_PARAMS = (
 class RingModelWriter(MLWriter):
     """Writes a :class:`RingModel`; ``model.write().overwrite().save(path)`` replaces."""
 
-    def __init__(self, instance: RingModel):
+    def __init__(self, instance: Any):
         super().__init__()
         self.instance = instance
 
@@ -98,7 +96,7 @@ class RingModelWriter(MLWriter):
         connect = is_connect(self.sparkSession)
         if connect:
             _check_connect_persistence("save")
-        kind = framework_of(module)
+        framework = framework_of(module)
         params: dict[str, Any] = {
             name: model.getOrDefault(name) for name in _JSON_PARAMS if model.isSet(name)
         }
@@ -108,7 +106,7 @@ class RingModelWriter(MLWriter):
         extra = {
             "ringtrain": {
                 "format": FORMAT_VERSION,
-                "framework": kind,
+                "framework": framework.name,
                 "module_class": f"{type(module).__module__}.{type(module).__qualname__}",
             }
         }
@@ -122,7 +120,7 @@ class RingModelWriter(MLWriter):
                 "end up apart from it. Save to a path the server and this client both reach: a "
                 f"shared filesystem or an object store URL (s3://, gs://, ...).{_hint(path)}"
             )
-        get_framework(kind).save_model(module, path)  # under <path>/model/
+        framework.save_model(module, path)  # under <path>/model/
 
 
 def _metadata_context(spark: Any) -> Any:
@@ -162,14 +160,14 @@ def _client_sees(path: str) -> bool:
     return bool(fs.exists(local))
 
 
-class RingModelReader(MLReader["RingModel"]):
+class RingModelReader(MLReader[Any]):
     """Reads what :class:`RingModelWriter` wrote: ``RingModel.load(path)``."""
 
-    def __init__(self, cls: type[RingModel]):
+    def __init__(self, cls: type):
         super().__init__()
         self.cls = cls
 
-    def load(self, path: str) -> RingModel:
+    def load(self, path: str) -> Any:
         """The RingModel saved at ``path``.
 
         This unpickles ``<path>/model/module.pkl`` (cloudpickle; a Keras model: its
@@ -188,9 +186,8 @@ class RingModelReader(MLReader["RingModel"]):
             )
         params = dict(metadata["paramMap"])
         store = params.pop("store", None)
-        kind = metadata["ringtrain"].get("framework", TORCH)  # format 1 before Keras: torch
-        if kind not in FRAMEWORKS:
-            raise ValueError(f"{path} holds a model of unknown framework {kind!r}.")
+        # format 1 before Keras: torch; a name no framework is registered under raises
+        framework = _framework(path, metadata["ringtrain"].get("framework", "torch"))
         if connect and not _client_sees(posixpath.join(path, "model")):
             raise FileNotFoundError(
                 f"the Spark Connect server read a RingModel's metadata under {path!r}, but this "
@@ -198,12 +195,21 @@ class RingModelReader(MLReader["RingModel"]):
                 "written and read by the client). Load from the path the model was saved to, as "
                 f"this client reaches it: a shared filesystem or an object store URL.{_hint(path)}"
             )
-        module = get_framework(kind).load_model(path)
+        module = framework.load_model(path)
         instance = self.cls(model=module, **params)
         if store is not None:
             instance.setStore(Store.create(store))
         instance._resetUid(metadata["uid"])
         return instance
+
+
+def _framework(path: str, name: str) -> Any:
+    """The framework a saved model names; a ValueError naming the path when no framework
+    is registered under that name (a plug-in not imported in this process)."""
+    try:
+        return get_framework(name)
+    except ValueError as exc:
+        raise ValueError(f"{path} holds a model of framework {name!r}, but {exc}") from exc
 
 
 # --- the unfitted estimator --------------------------------------------------------------------

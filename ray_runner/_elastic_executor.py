@@ -37,32 +37,16 @@ from ringcore import RingError, Topology, WorkerError
 from ringcore.launch import ELASTIC_TIMEOUT_ENV_VAR, RANK_ENV_VAR, ElasticPolicy, get_float
 
 from . import _constants as const
+from ._cluster import check_cluster_gpus, require_ray
 from ._config import ScalingConfig
 from ._elastic_group import ElasticGroup, _Member
+from ._log_callbacks import check_callbacks
 from ._session import SessionSetup
 from ._settings import RaySettings, create_elastic_settings
 
 log = logging.getLogger("ringtrain.ray_runner")
 
-__all__ = ["ElasticRayExecutor", "check_callbacks", "check_elastic_sizes"]
-
-
-def check_callbacks(callbacks: Any) -> list[Callable[[Any], Any]]:
-    """``callbacks``: None or a list of callables (functions or objects with ``__call__``)."""
-    if callbacks is None:
-        return []
-    if callable(callbacks) or not isinstance(callbacks, (list, tuple)):
-        raise TypeError(
-            f"callbacks takes a list of callables, got {type(callbacks).__name__}; "
-            "wrap a single one: callbacks=[fn]"
-        )
-    for cb in callbacks:
-        if not callable(cb):
-            raise TypeError(
-                f"callbacks[{list(callbacks).index(cb)}] is a {type(cb).__name__}, not a "
-                "callable; pass functions or objects with __call__(value)"
-            )
-    return list(callbacks)
+__all__ = ["ElasticRayExecutor", "check_elastic_sizes"]
 
 
 def check_elastic_sizes(
@@ -255,13 +239,7 @@ class ElasticRayExecutor:
 
     def start(self, extra_env_vars: dict[str, str] | None = None) -> None:
         """Check that Ray runs and can hold ``min_workers``; workers start in ``run``."""
-        from ._executor import check_cluster_gpus
-
-        if not ray.is_initialized():
-            raise RingError(
-                "Ray is not initialized in this process. Call ray.init() for a local instance "
-                "or ray.init(address='auto') to join a running cluster, then start() again."
-            )
+        require_ray("start()")
         check_cluster_gpus(self.gpus_per_slot, "ElasticRayExecutor")
         self.env_vars.update(extra_env_vars or {})
         self._started = True

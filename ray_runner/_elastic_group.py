@@ -55,7 +55,7 @@ from ringcore.launch import (
 
 from . import _constants as const
 from ._config import ScalingConfig
-from ._session import SessionSetup, run_loop
+from ._session import SessionSetup
 from ._worker import CONTROL_GROUP, RingWorker
 
 log = logging.getLogger("ringtrain.ray_runner")
@@ -314,7 +314,7 @@ class ElasticGroup:
         env: dict[str, str],
     ) -> None:
         member.actor.setup.remote(topology, env)  # actor calls run in order
-        member.ref = member.actor.run.remote(run_loop, (loop, setup))
+        member.ref = member.actor.run_loop.remote(loop, setup)
 
     def _drain(self, on_reports: Callable[[list[dict]], None]) -> None:
         """Collect every member's queued reports (only the current rank 0 queues any)."""

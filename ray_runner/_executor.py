@@ -14,7 +14,6 @@ needs no TCP store at all.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -28,24 +27,21 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ringcore import RingError, WorkerError, topology_from_hosts, worker_env
-from ringcore.launch import (
-    HOSTNAME_ENV_VAR,
-    GpuUnavailableError,
-    get_float,
-    host_major_order,
-    new_secret,
-)
+from ringcore import RingError, topology_from_hosts, worker_env
+from ringcore.launch import HOSTNAME_ENV_VAR, get_float, host_major_order, new_secret
 
 from . import _constants as const
-from ._elastic_executor import ElasticRayExecutor, check_callbacks
+from ._cluster import check_cluster_gpus, cuda_visible_devices, require_ray
+from ._elastic_executor import ElasticRayExecutor
+from ._envelopes import collect
 from ._errors import PlacementGroupTimeoutError
+from ._log_callbacks import check_callbacks, collect_logging
 from ._settings import RaySettings, create_settings
 from ._worker import CONTROL_GROUP, RingWorker
 
 log = logging.getLogger("ringtrain.ray_runner")
 
-__all__ = ["RayExecutor", "check_cluster_gpus", "cuda_visible_devices"]
+__all__ = ["RayExecutor"]
 
 _LOOPBACK = "127.0.0.1"
 
@@ -215,11 +211,7 @@ class RayExecutor:
                 )
             self._elastic.start(extra_env_vars)
             return
-        if not ray.is_initialized():
-            raise RingError(
-                "Ray is not initialized in this process. Call ray.init() for a local instance "
-                "or ray.init(address='auto') to join a running cluster, then start() again."
-            )
+        require_ray("start()")
         if self._workers:
             raise RingError("this RayExecutor is already started; call shutdown() first")
         check_cluster_gpus(self.gpus_per_worker, "RayExecutor")
@@ -276,7 +268,8 @@ class RayExecutor:
         hooks = check_callbacks(callbacks)
         if self._elastic is not None:
             return self._elastic.run_fn(fn, tuple(args or ()), dict(kwargs or {}), callbacks)
-        return self._run_with(hooks, self._submit("run", fn, tuple(args or ()), kwargs))
+        refs = self._submit("run", fn, tuple(args or ()), kwargs)
+        return collect_logging(refs, list(self._workers), self._hosts, hooks)
 
     def run_remote(
         self, fn: Callable, args: tuple | list | None = None, kwargs: dict | None = None
@@ -291,12 +284,13 @@ class RayExecutor:
         ``callbacks`` as in :meth:`run`."""
         hooks = check_callbacks(callbacks)
         self._fixed_only("execute", "it holds no executable_cls objects")
-        return self._run_with(hooks, self._submit("execute", fn))
+        refs = self._submit("execute", fn)
+        return collect_logging(refs, list(self._workers), self._hosts, hooks)
 
     def execute_single(self, fn: Callable) -> Any:
         """``fn(executable)`` on rank 0 only."""
         self._fixed_only("execute_single", "it has no fixed rank 0 worker")
-        return self._collect([self._started()[0].execute.remote(fn)])[0]
+        return collect([self._started()[0].execute.remote(fn)], self._hosts)[0]
 
     @property
     def workers(self) -> list:
@@ -322,37 +316,6 @@ class RayExecutor:
                 f"{why}. Use run(fn, args=..., kwargs=...)"
             )
 
-    def _run_with(self, callbacks: list[Callable], refs: list) -> list:
-        """Collect ``refs``; meanwhile hand every value the ranks log to ``callbacks``."""
-        workers = list(self._workers)
-
-        def deliver() -> None:
-            try:
-                batches = ray.get([w.drain_logs.remote() for w in workers])
-            except ray.exceptions.RayError as exc:  # a dead rank: its run call says so
-                log.debug("could not collect the logged values: %s", exc)
-                return
-            for values in batches:
-                for value in values:
-                    for callback in callbacks:
-                        callback(value)
-
-        if not callbacks:
-            try:
-                return self._collect(refs)
-            finally:  # nothing logged reaches the callbacks of a later call
-                with contextlib.suppress(ray.exceptions.RayError):
-                    ray.get(
-                        [w.drain_logs.remote() for w in workers],
-                        timeout=get_float(const.PING_TIMEOUT_ENV_VAR, const.DEFAULT_PING_TIMEOUT_S),
-                    )
-        poll_s = get_float(const.REPORT_POLL_INTERVAL_ENV_VAR, const.DEFAULT_REPORT_POLL_INTERVAL_S)
-        try:
-            return self._collect(refs, deliver, poll_s)
-        except WorkerError:
-            deliver()  # what the ranks logged before one failed counts too
-            raise
-
     def _started(self) -> list:
         if not self._workers:
             raise RingError("this RayExecutor is not started; call start() first")
@@ -360,41 +323,6 @@ class RayExecutor:
 
     def _submit(self, method: str, *args: Any) -> list:
         return [getattr(w, method).remote(*args) for w in self._started()]
-
-    def _collect(
-        self, refs: list, poll: Callable[[], None] | None = None, poll_s: float | None = None
-    ) -> list:
-        """Resolve one envelope per rank; raise the first failing rank's WorkerError at once.
-
-        ``poll`` (when given) runs every ``poll_s`` seconds while ranks are running and
-        once more after the last one returned.
-        """
-        rank_of = {ref: rank for rank, ref in enumerate(refs)}
-        results: dict[int, Any] = {}
-        pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=poll_s if poll else None)
-            for ref in ready:
-                kind, value = self._resolve(ref, rank_of[ref])
-                if kind == "error":
-                    raise value
-                results[rank_of[ref]] = value
-            if poll is not None:
-                poll()
-        return [results[r] for r in range(len(refs))]
-
-    def _resolve(self, ref: Any, rank: int) -> tuple[str, Any]:
-        host = self._hosts[rank] if rank < len(self._hosts) else "unknown"
-        try:
-            return ray.get(ref)
-        except ray.exceptions.RayActorError as exc:
-            return (
-                "error",
-                WorkerError(rank, host, "ActorDiedError", f"the worker actor died: {exc}"),
-            )
-        except ray.exceptions.RayError as exc:  # e.g. a result Ray could not serialize
-            cause = getattr(exc, "cause", None) or exc
-            return ("error", WorkerError(rank, host, type(cause).__name__, str(cause), str(exc)))
 
     def _setup_workers(
         self,
@@ -423,7 +351,7 @@ class RayExecutor:
             }
             args = (topology, env, executable_cls, tuple(executable_args or ()), executable_kwargs)
             setups.append(worker.setup.remote(*args))
-        self._collect(setups)
+        collect(setups, self._hosts)
 
     def _gpu_env(self) -> list[dict[str, str]]:
         """Every worker sees all GPUs Ray gave the workers of its node (as Horovod's
@@ -438,7 +366,7 @@ class RayExecutor:
             return 0  # a single rank needs no TCP store (ringcore uses an in-process one)
         refs = [workers[0].start_store.remote(len(workers))]
         refs += [w.prepare_ring.remote() for w in workers[1:]]
-        return int(self._collect(refs)[0])
+        return int(collect(refs, self._hosts)[0])
 
     def _bundles(self) -> list[dict[str, float]]:
         per_worker = self._bundles_per_worker()
@@ -523,29 +451,3 @@ class RayExecutor:
         if self.gpus_per_worker:
             per_worker["GPU"] = self.gpus_per_worker
         return per_worker
-
-
-def check_cluster_gpus(gpus_per_worker: float | None, where: str) -> None:
-    """``use_gpu=True`` on a Ray cluster that has no GPU at all fails at once, instead of
-    waiting out the placement timeout."""
-    if not gpus_per_worker:
-        return
-    total = ray.cluster_resources()
-    if total.get("GPU", 0) <= 0:
-        raise GpuUnavailableError(
-            f"{where}: use_gpu=True but the Ray cluster has no GPUs (its resources: "
-            f"CPU={total.get('CPU', 0):g}, GPU=0). Start Ray on GPU nodes (ray start "
-            "--num-gpus=N, or ray.init(num_gpus=N) for a local instance), or pass use_gpu=False."
-        )
-
-
-def cuda_visible_devices(node_ids: list[str], gpu_ids: list[list]) -> list[str]:
-    """Per rank: the sorted GPU ids Ray assigned to all ranks of that rank's node."""
-    per_node: dict[str, set[str]] = {}
-    for node, ids in zip(node_ids, gpu_ids, strict=True):
-        per_node.setdefault(node, set()).update(str(i) for i in ids)
-
-    def key(gpu: str) -> tuple[int, str]:
-        return (int(gpu), gpu) if gpu.isdigit() else (1 << 30, gpu)
-
-    return [",".join(sorted(per_node[node], key=key)) for node in node_ids]

@@ -1,8 +1,9 @@
 """What a training loop sees inside a RingTrainer worker: report, get_checkpoint, get_context,
 get_dataset_shard.
 
-The driver sends a :class:`SessionSetup` with the loop; :func:`run_loop` opens the
-session of this rank around the user's loop. ``report`` on any rank uploads the
+The driver sends a :class:`SessionSetup` with the loop; :func:`run_loop` (called by the
+rank's actor with the topology it was assigned) opens the session of this rank around
+the user's loop. ``report`` on any rank uploads the
 checkpoint it was given (if any) for ``checkpoint_<index>/`` on the run's storage
 (rank 0 into the folder, others into a staging folder the driver merges) before it returns, so the loop may delete its own copy at once; the index is the
 attempt's first free index plus the number of checkpoints this rank reported before,
@@ -172,13 +173,12 @@ def _elastic_context(setup: SessionSetup) -> TrainContext:
     )
 
 
-def run_loop(loop: Callable, setup: SessionSetup) -> Any:
-    """Run the user's loop on this worker inside a session (executed by the worker actor)."""
+def run_loop(loop: Callable, setup: SessionSetup, topology: Topology) -> Any:
+    """Run the user's loop on this worker inside a session (``RingWorker.run_loop`` calls
+    it with the ``topology`` the driver assigned to its actor)."""
     global _session
-    from ._worker import current_topology
-
     session = _Session(
-        _context_from(current_topology(), setup),
+        _context_from(topology, setup),
         setup.restore,
         CheckpointStore(setup.run_dir, setup.num_to_keep, setup.filesystem),
         setup,

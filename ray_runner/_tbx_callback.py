@@ -12,7 +12,7 @@ the run folder is in remote storage (``s3://...``), the file is written to a loc
 temporary folder and uploaded into the run folder through the run's filesystem at most
 every ``upload_interval_s`` seconds and when the run ends. Needs ``tensorboardX``
 (``pip install 'ringtrain[tensorboard]'``); ``estimators.read_tensorboard_scalars``'s
-reader (:func:`estimators._tensorboard.read_scalars`) reads the files back.
+reader (:func:`estimators.tracking._tensorboard.read_scalars`) reads the files back.
 """
 
 from __future__ import annotations

@@ -13,11 +13,10 @@ its driver hosts the store the workers connect to.
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import datetime
 import inspect
 import logging
-import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -30,15 +29,19 @@ from ringcore.launch import get_float
 
 from . import _constants as const
 from ._checkpoint import Checkpoint, CheckpointStore
+from ._cluster import check_cluster_gpus, check_visible_on_cluster, client_connected, require_ray
 from ._config import RunConfig, ScalingConfig
+from ._elastic_group import ElasticGroup
+from ._envelopes import collect, other_errors
 from ._errors import TrainingFailedError
-from ._executor import RayExecutor, check_cluster_gpus
+from ._executor import RayExecutor
 from ._progress import progress_callback
 from ._results import Reports
-from ._session import SessionSetup, run_loop
+from ._session import SessionSetup
 from ._storage import check_writable
 from ._storage import resolve as resolve_storage
 from ._tbx_callback import bind_storage
+from ._tune import trainable_of
 
 log = logging.getLogger("ringtrain.ray_runner")
 
@@ -148,23 +151,32 @@ class RingTrainer:
         its workers inside the trial's placement group; rank 0's reports reach Tune as
         ``tune.report`` (with the checkpoint when one was reported).
         """
-        from ._tune import trainable_of
+        loop_name = getattr(self.train_loop_per_worker, "__name__", "loop")
+        return trainable_of(self.scaling_config, f"RingTrainer_{loop_name}", self._fit_trial)
 
-        return trainable_of(self)
+    def _fit_trial(self, config: dict, trial_id: str, on_report: Callable[[dict], None]) -> None:
+        """One Tune trial: ``fit`` with ``train_loop_config`` updated by the trial's
+        ``config``, under a run name of its own; ``on_report`` gets rank 0's reports."""
+        if config and not self._pass_config:
+            raise ValueError(
+                f"the Tune trial passes config {config!r} but train_loop_per_worker takes no "
+                "argument; define it as train_loop_per_worker(config)"
+            )
+        trial = copy.copy(self)
+        trial.train_loop_config = {**(self.train_loop_config or {}), **config}
+        name = f"{self.run_config.name or 'RingTrainer'}_{trial_id}"
+        trial.run_config = replace(self.run_config, name=name)
+        trial.fit(_on_report=on_report)
 
     def fit(self, _on_report: Callable[[dict], None] | None = None) -> Result:
         """Train; return the :class:`Result` or raise :class:`TrainingFailedError`."""
-        if not ray.is_initialized():
-            raise RingError(
-                "Ray is not initialized in this process; call ray.init() (local) or "
-                "ray.init(address='auto') (a cluster) before RingTrainer.fit()"
-            )
+        require_ray("RingTrainer.fit()")
         check_cluster_gpus(self.scaling_config.gpus_per_worker, "RingTrainer (ScalingConfig)")
         name = (
             self.run_config.name
             or f"RingTrainer_{datetime.datetime.now():%Y-%m-%d_%H-%M-%S}_{uuid.uuid4().hex[:6]}"
         )
-        client = _ray_client_connected()
+        client = client_connected()
         if client and self.scaling_config.elastic:
             raise RingError(
                 f"an elastic RingTrainer (ScalingConfig(num_workers="
@@ -291,8 +303,6 @@ class RingTrainer:
         setup = self._setup(name, store)
         poll_s = get_float(const.REPORT_POLL_INTERVAL_ENV_VAR, const.DEFAULT_REPORT_POLL_INTERVAL_S)
         if self.scaling_config.elastic:
-            from ._elastic_group import ElasticGroup
-
             return ElasticGroup(self.scaling_config).run(
                 self.train_loop_per_worker, setup, progress.add, poll_s
             )
@@ -302,16 +312,15 @@ class RingTrainer:
             shards = _split(self.datasets, executor.num_workers)
             drain = _reports_of(executor.workers[0], progress)
             refs = [
-                worker.run.remote(
-                    run_loop,
-                    (self.train_loop_per_worker, replace(setup, datasets=shards[rank])),
+                worker.run_loop.remote(
+                    self.train_loop_per_worker, replace(setup, datasets=shards[rank])
                 )
                 for rank, worker in enumerate(executor.workers)
             ]
             try:
-                executor._collect(refs, drain, poll_s)
+                collect(refs, executor.hosts, drain, poll_s)
             except WorkerError as first:
-                return [first, *_other_errors(executor, refs, first.rank)]
+                return [first, *other_errors(refs, executor.hosts, first.rank)]
             finally:
                 drain()  # what rank 0 reported just before a failure counts too
             return []
@@ -319,41 +328,6 @@ class RingTrainer:
             return [exc]
         finally:
             executor.shutdown()
-
-
-def _ray_client_connected() -> bool:
-    """Whether this process is a Ray Client driver (``ray.init("ray://...")``)."""
-    from ray.util.client import ray as client_ray
-
-    return bool(client_ray.is_connected())
-
-
-def _sees_marker(path: str) -> bool:
-    return os.path.isfile(path)
-
-
-def check_visible_on_cluster(run_dir: str) -> None:
-    """Raise unless a Ray task on the cluster sees a file the driver wrote into ``run_dir``.
-
-    Under Ray Client the driver reads the checkpoints that rank 0 writes, so the run
-    folder must be one shared folder (NFS, a mounted bucket) and not the driver's own disk.
-    """
-    marker = os.path.join(run_dir, f".driver_{uuid.uuid4().hex}")
-    with open(marker, "w"):
-        pass
-    try:
-        task = ray.remote(num_cpus=0)(_sees_marker)
-        seen = ray.get(task.remote(marker))
-    finally:
-        with contextlib.suppress(OSError):
-            os.remove(marker)
-    if not seen:
-        raise RingError(
-            f"the run folder {run_dir!r} that this Ray Client driver made is not visible on "
-            "the cluster; the driver reads the checkpoints the workers write there. Pass "
-            "RunConfig(storage_path=...) (or set $RING_STORAGE_PATH) to a folder that the "
-            "driver and every cluster node share, e.g. an NFS mount"
-        )
 
 
 def _check_datasets(datasets: dict | None) -> dict:
@@ -379,19 +353,6 @@ def _split(datasets: dict, n: int) -> list[dict | None]:
         return [None] * n
     splits = {name: ds.streaming_split(n, equal=True) for name, ds in datasets.items()}
     return [{name: parts[rank] for name, parts in splits.items()} for rank in range(n)]
-
-
-def _other_errors(executor: RayExecutor, refs: list, failed_rank: int) -> list[WorkerError]:
-    """The errors of the ranks that fail within a short grace after the first one."""
-    grace = get_float(const.FAILURE_GRACE_ENV_VAR, const.DEFAULT_FAILURE_GRACE_S)
-    others = {ref: rank for rank, ref in enumerate(refs) if rank != failed_rank}
-    ready, _ = ray.wait(list(others), num_returns=len(others), timeout=grace)
-    errors = []
-    for ref in ready:
-        kind, value = executor._resolve(ref, others[ref])
-        if kind == "error":
-            errors.append(value)
-    return errors
 
 
 def _reports_of(rank0: Any, progress: Reports) -> Callable[[], None]:

@@ -18,51 +18,39 @@ Elastic ``num_workers=(min, max)`` is not available inside Tune (a trial's group
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-if TYPE_CHECKING:
-    from ._trainer import RingTrainer
+from ._config import ScalingConfig
 
 __all__ = ["trainable_of"]
 
+#: what a trial runs: ``fit_trial(config, trial_id, on_report)``, ``on_report`` taking
+#: each of rank 0's reports (``RingTrainer._fit_trial``)
+FitTrial = Callable[[dict, str, Callable[[dict], None]], Any]
 
-def trainable_of(trainer: RingTrainer) -> Any:
+
+def trainable_of(scaling: ScalingConfig, name: str, fit_trial: FitTrial) -> Any:
+    """``fit_trial`` as a Tune function trainable called ``name``, each trial in a
+    placement group of an empty head bundle and one bundle per worker of ``scaling``;
+    rank 0's reports reach Tune through ``tune.report``."""
     from ray import tune
 
-    sc = trainer.scaling_config
-    if sc.elastic:
+    if scaling.elastic:
         raise ValueError(
-            f"as_trainable() needs a fixed number of workers, got num_workers={sc.num_workers!r}; "
-            "a Tune trial's placement group cannot grow or shrink"
+            f"as_trainable() needs a fixed number of workers, got num_workers="
+            f"{scaling.num_workers!r}; a Tune trial's placement group cannot grow or shrink"
         )
-    bundle: dict[str, float] = {"CPU": sc.cpus_per_worker, **sc.extra_resources}
-    if sc.gpus_per_worker:
-        bundle["GPU"] = sc.gpus_per_worker
-    num_workers = sc.max_workers
+    bundle: dict[str, float] = {"CPU": scaling.cpus_per_worker, **scaling.extra_resources}
+    if scaling.gpus_per_worker:
+        bundle["GPU"] = scaling.gpus_per_worker
 
     def ring_trainable(config: dict) -> None:
-        context = tune.get_context()
-        run_config = dataclasses.replace(
-            trainer.run_config,
-            name=f"{trainer.run_config.name or 'RingTrainer'}_{context.get_trial_id()}",
-        )
-        trial = copy.copy(trainer)  # this trial's config and run name
-        if config and not trainer._pass_config:
-            raise ValueError(
-                f"the Tune trial passes config {config!r} but train_loop_per_worker takes no "
-                "argument; define it as train_loop_per_worker(config)"
-            )
-        trial.train_loop_config = {**(trainer.train_loop_config or {}), **config}
-        trial.run_config = run_config
-        trial.fit(_on_report=_to_tune)
+        fit_trial(config, tune.get_context().get_trial_id(), _to_tune)
 
-    ring_trainable.__name__ = (
-        f"RingTrainer_{getattr(trainer.train_loop_per_worker, '__name__', 'loop')}"
-    )
-    resources = tune.PlacementGroupFactory([{}] + [dict(bundle) for _ in range(num_workers)])
-    return tune.with_resources(ring_trainable, resources)
+    ring_trainable.__name__ = name
+    bundles: list[dict[str, float]] = [{}] + [dict(bundle) for _ in range(scaling.max_workers)]
+    return tune.with_resources(ring_trainable, tune.PlacementGroupFactory(bundles))
 
 
 def _to_tune(item: dict) -> None:

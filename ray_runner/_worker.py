@@ -1,4 +1,4 @@
-"""One rank of a RayExecutor: the actor class and the process-wide facts of its rank.
+"""One rank of a RayExecutor or RingTrainer: the actor class.
 
 The driver creates one :class:`RingWorker` actor per rank, asks each for its node's
 IP, assigns ranks, asks rank 0 to host the job's store, then hands every actor the
@@ -22,26 +22,13 @@ import ray
 import ringcore
 from ringcore import Topology, WorkerError
 
-from . import _logger
+from . import _logger, _session
+from ._envelopes import Envelope
 
-__all__ = ["CONTROL_GROUP", "RingWorker", "current_topology"]
+__all__ = ["CONTROL_GROUP", "RingWorker"]
 
 # Calls that must be served while the default group runs the user's function.
 CONTROL_GROUP = "control"
-
-_topology: Topology | None = None
-
-Envelope = tuple[str, Any]
-
-
-def current_topology() -> Topology:
-    """The topology the driver assigned to this actor's process (set by ``RingWorker.setup``)."""
-    if _topology is None:
-        raise ringcore.RingError(
-            "this process is not a RayExecutor worker (no topology was assigned); "
-            "run the function through RayExecutor.run or RingTrainer.fit"
-        )
-    return _topology
 
 
 class RingWorker:
@@ -49,6 +36,7 @@ class RingWorker:
 
     def __init__(self) -> None:
         self.rank = -1
+        self.topology: Topology | None = None  # the driver assigns it in setup()
         self.host = ray.util.get_node_ip_address()
         self.executable: Any = None
         _logger.enable()  # ray_logger.log in this process queues for the driver
@@ -86,9 +74,8 @@ class RingWorker:
         executable_args: tuple = (),
         executable_kwargs: dict | None = None,
     ) -> Envelope:
-        global _topology
         self.rank = topology.rank
-        _topology = topology
+        self.topology = topology
         os.environ.update(env)
         if executable_cls is None:
             return ("ok", None)
@@ -100,6 +87,19 @@ class RingWorker:
 
     def run(self, fn: Callable, args: tuple = (), kwargs: dict | None = None) -> Envelope:
         return self._guard(fn, *args, **(kwargs or {}))
+
+    def run_loop(self, loop: Callable, setup: _session.SessionSetup) -> Envelope:
+        """A RingTrainer loop inside this rank's session (``_session.run_loop``), on the
+        topology :meth:`setup` assigned."""
+
+        def run() -> Any:
+            if self.topology is None:
+                raise ringcore.RingError(
+                    "this worker has no topology yet; the driver calls setup() before run_loop()"
+                )
+            return _session.run_loop(loop, setup, self.topology)
+
+        return self._guard(run)
 
     def execute(self, fn: Callable) -> Envelope:
         return self._guard(fn, self.executable)
@@ -119,8 +119,6 @@ class RingWorker:
     @ray.method(concurrency_group=CONTROL_GROUP)
     def drain_reports(self) -> list[dict]:
         """Everything ``ray_runner.report`` queued in this process since the last call."""
-        from . import _session
-
         return _session.drain_reports()
 
     @ray.method(concurrency_group=CONTROL_GROUP)

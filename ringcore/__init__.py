@@ -10,18 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._capabilities import (
-    ccl_built,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rocm_built,
-)
 from ._errors import (
     CollectiveMismatchError,
     HorovodInternalError,
@@ -33,25 +21,39 @@ from ._errors import (
     WorkerError,
 )
 from ._ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
-from ._process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-from ._rendezvous import Rendezvous, read_environment, start_store_server, worker_env
-from ._runtime import (
+from ._version import __version__ as __version__
+from .rendezvous.environment import Rendezvous, read_environment, worker_env
+from .rendezvous.store_server import start_store_server
+from .rendezvous.topology import Topology, topology_from_hosts
+from .runtime.capabilities import (
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
+)
+from .runtime.lifecycle import init, shutdown, start_timeline, stop_timeline
+from .runtime.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+from .runtime.state import (
     cross_rank,
     cross_size,
-    init,
     is_homogeneous,
     is_initialized,
     local_rank,
     local_size,
     rank,
-    shutdown,
     size,
-    start_timeline,
-    stop_timeline,
 )
-from ._topology import Topology, topology_from_hosts
-
-__version__ = "0.1.0"
 
 _TORCH_NAMES = (
     "allgather",

@@ -60,7 +60,7 @@ CONTROL_TIMEOUT_ENV_VAR = "RING_CONTROL_TIMEOUT_SECONDS"
 DEFAULT_CONTROL_TIMEOUT_S = 30.0
 HEARTBEAT_INTERVAL_S = 1.0
 
-# A test seam, read in one place (ringcore._wire.ringtrain_version): set, this process
+# A test seam, read in one place (ringcore.engine.wire.ringtrain_version): set, this process
 # claims that ringtrain version in the control handshake (tests of mixed versions).
 TEST_FAKE_VERSION_ENV_VAR = "RING_TEST_FAKE_VERSION"
 
@@ -134,11 +134,11 @@ AUTOTUNE_ENV_VAR = "RING_AUTOTUNE"
 # "0": every op goes through the coordinator, also on a one-host shared-memory group
 FAST_LANE_ENV_VAR = "RING_FAST_LANE"
 AUTOTUNE_LOG_ENV_VAR = "RING_AUTOTUNE_LOG"
-# "0": init() leaves the collector's view of the heap alone (see _gc: on, it freezes
+# "0": init() leaves the collector's view of the heap alone (see ringcore.runtime.heap: on, it freezes
 # the heap that init() finds and shutdown() thaws it)
 GC_FREEZE_ENV_VAR = "RING_GC_FREEZE"
 # seconds between refreshes of the frozen heap (thaw, full collection, freeze), so that
-# what was alive at init() and became cyclic garbage since is freed; 0: never (see _gc)
+# what was alive at init() and became cyclic garbage since is freed; 0: never (see ringcore.runtime.heap)
 GC_REFRESH_ENV_VAR = "RING_GC_REFRESH_SECONDS"
 DEFAULT_GC_REFRESH_S = 30.0
 
@@ -160,5 +160,5 @@ def control_timeout_s() -> float:
 def fast_lane_wanted() -> bool:
     """This process's knobs allow the fast lane: ``RING_FAST_LANE`` is not 0 and
     ``RING_AUTOTUNE`` is off (autotune tunes the coordinator's fusion and cycle: it must
-    see the ops). Rank 0's answer is every rank's (``_runtime`` sends it at start-up)."""
+    see the ops). Rank 0's answer is every rank's (``init()`` sends it at start-up)."""
     return get_bool(FAST_LANE_ENV_VAR, True) and not get_bool(AUTOTUNE_ENV_VAR)

@@ -9,7 +9,7 @@
     ├── CollectiveMismatchError    ranks disagree on a collective (shape, dtype, op, root);
     │                              also a RuntimeError (as Horovod) and a ValueError
     ├── WorkerError                a worker raised; carries its rank, host and traceback
-    ├── GpuUnavailableError        GPU work asked for without a usable CUDA device (in launch)
+    ├── GpuUnavailableError        GPU work asked for without a usable CUDA device
     └── StackError                 installed packages that do not work together
 
 Every exception pickles with its fields intact (``__reduce__``) so that a worker's
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 __all__ = [
     "CollectiveMismatchError",
+    "GpuUnavailableError",
     "HorovodInternalError",
     "NotInitializedError",
     "RendezvousError",
@@ -60,6 +61,11 @@ class CollectiveMismatchError(RingError, RuntimeError, ValueError):
 
 class StackError(RingError, ImportError):
     pass
+
+
+class GpuUnavailableError(RingError):
+    """GPU work was asked for where this process has no usable CUDA device
+    (``ringcore.launch`` exports it to the launchers)."""
 
 
 class WorkerError(RingError):

@@ -23,15 +23,26 @@ variables; this module is the contract between a launcher and ``ringcore.init()`
   launcher bounds the silence of a peer on its own sockets (:func:`bound_silence`);
 - GPU checks a launcher runs before starting anything (:func:`check_use_gpu`,
   :func:`pin_gpu`, :class:`GpuUnavailableError`);
+- the open registry of data-plane backends (:func:`register_backend`: a factory that
+  joins the ring and returns a :class:`Connection` holding a :class:`Backend`);
 - pickling a user's function with the modules it needs (:func:`dumps_with_user_code`)
   and typed reads of the environment (:func:`get_env`, :func:`get_float`, ...).
 
-Everything here is stable API between ringtrain's packages; the underscore modules
-behind it are not, and no other package imports them (tests/test_layering.py).
+Everything here is stable API between ringtrain's packages; the rooms behind it
+(``ringcore.runtime``, ``.engine``, ``.backends``, ...) and the underscore modules are
+not, and no other package imports them (tests/test_layering.py).
 Importing this module imports no framework (torch is loaded by ``init()``).
 """
 
 from __future__ import annotations
+
+import functools
+import importlib.metadata
+import sys
+from types import ModuleType
+from typing import Any
+
+import cloudpickle
 
 from ._auth import answer, job_secret, mac, new_secret, verify
 from ._config import (
@@ -61,16 +72,20 @@ from ._config import (
     get_float,
     get_int,
 )
-from ._device_pinning import GpuUnavailableError, check_use_gpu, pin_gpu
-from ._elastic import ElasticDriver, forget_job
-from ._elastic_policy import ElasticPolicy, Workers
-from ._iface import NICS_ENV_VARS, nic_names, nics_env
-from ._pickling import dumps_with_user_code
-from ._rendezvous import worker_env
-from ._state import backend_name, data_plane
-from ._store_server import hosted_store, start_store_server, stop_store_server
-from ._topology import host_major_order
-from ._wire import bound_silence
+from ._errors import GpuUnavailableError
+from .backends import devices
+from .backends.devices import check_use_gpu
+from .backends.protocol import Backend, Connection
+from .backends.registry import register_backend
+from .elastic.driver import ElasticDriver
+from .elastic.policy import ElasticPolicy, Workers
+from .elastic.worker import forget_job
+from .engine.wire import bound_silence
+from .rendezvous.environment import worker_env
+from .rendezvous.iface import NICS_ENV_VARS, nic_names, nics_env
+from .rendezvous.store_server import hosted_store, start_store_server, stop_store_server
+from .rendezvous.topology import host_major_order
+from .runtime.state import backend_name, data_plane, local_position
 
 __all__ = [
     "CROSS_RANK_ENV_VAR",
@@ -95,6 +110,8 @@ __all__ = [
     "STORE_PORT_ENV_VAR",
     "STORE_PREFIX_ENV_VAR",
     "WORKER_ID_ENV_VAR",
+    "Backend",
+    "Connection",
     "ElasticDriver",
     "ElasticPolicy",
     "GpuUnavailableError",
@@ -118,8 +135,58 @@ __all__ = [
     "nic_names",
     "nics_env",
     "pin_gpu",
+    "register_backend",
     "start_store_server",
     "stop_store_server",
     "verify",
     "worker_env",
 ]
+
+
+def pin_gpu(local_rank: int | None = None, local_size: int | None = None) -> Any:
+    """``torch.cuda.set_device`` on this rank's GPU; returns the ``torch.device``.
+
+    ``local_rank``/``local_size`` default to this rank's place on its host: the running
+    job's topology (after ``init()``), else ``RING_LOCAL_RANK``/``RING_LOCAL_SIZE``.
+    Raises :class:`GpuUnavailableError` without CUDA.
+    """
+    if local_rank is None or local_size is None:
+        lr, ls = local_position()
+        local_rank = lr if local_rank is None else local_rank
+        local_size = ls if local_size is None else local_size
+    return devices.pin_gpu(local_rank, local_size)
+
+
+# -- shipping the user's function to workers ----------------------------------------
+# cloudpickle pickles a function by reference when its module can be imported. On a
+# cluster the workers import installed packages, but not the user's own modules (a
+# ``train.py`` beside the notebook, a test file): those are shipped by value.
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_top_levels() -> frozenset[str]:
+    return frozenset(importlib.metadata.packages_distributions())
+
+
+def _user_modules(fn: Any) -> list[ModuleType]:
+    name = getattr(fn, "__module__", None)
+    module = sys.modules.get(name) if name else None
+    if module is None or module.__name__ == "__main__" or not getattr(module, "__file__", None):
+        return []  # __main__ is pickled by value already
+    top = module.__name__.split(".")[0]
+    if top in _installed_top_levels() or top in sys.stdlib_module_names:
+        return []
+    return [module]
+
+
+def dumps_with_user_code(obj: Any, fn: Any) -> bytes:
+    """``cloudpickle.dumps(obj)``, shipping ``fn``'s module by value when it is the
+    user's own (not an installed package)."""
+    modules = _user_modules(fn)
+    for m in modules:
+        cloudpickle.register_pickle_by_value(m)
+    try:
+        return cloudpickle.dumps(obj)
+    finally:
+        for m in modules:
+            cloudpickle.unregister_pickle_by_value(m)

@@ -20,10 +20,12 @@ import cloudpickle
 
 from . import _config as cfg
 from ._auth import new_secret
-from ._elastic_policy import Workers
 from ._errors import RingError, WorkerError
-from ._rendezvous import worker_env
-from ._topology import topology_from_hosts
+from .elastic.driver import ElasticDriver
+from .elastic.policy import ElasticPolicy, Workers
+from .rendezvous.environment import worker_env
+from .rendezvous.topology import topology_from_hosts
+from .runtime.lifecycle import shutdown
 
 __all__ = ["run_workers"]
 
@@ -47,9 +49,7 @@ def _child(payload: bytes, env: dict[str, str], conn: Any) -> None:
             )
         )
     finally:
-        from . import _runtime
-
-        _runtime.shutdown()
+        shutdown()
         conn.close()
 
 
@@ -143,8 +143,6 @@ def _elastic_driver(store: Any, workers: _Workers, pending: dict, min_np: int, g
     """The elastic policy over these workers: ``grow=[(seconds, count)]`` is what this
     launcher answers when the driver asks it to start more (``count`` workers in one
     generation, once ``seconds`` have passed since the start)."""
-    from ._elastic import ElasticDriver
-    from ._elastic_policy import ElasticPolicy
 
     growth = sorted(grow or [])
     started = time.monotonic()

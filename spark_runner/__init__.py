@@ -16,12 +16,11 @@ SparkContext) fails before any job when the cluster cannot hold ``num_proc`` bar
 (rank 0's reports, over the output connection).
 """
 
-from ._connect import is_connect
 from ._elastic import run_elastic
 from ._output import progress
 from ._platform import DEFAULT_START_TIMEOUT_S
 from ._run import START_TIMEOUT_ENV_VAR, TOPOLOGY_HOSTS_ENV_VAR, run
-from ._session import local_session
+from ._session import is_connect, local_session
 from ._slots import NotEnoughSlotsError, default_num_proc, wait_for_slots
 from ._task import ATTEMPT_ENV_VAR, GPU_ADDRESSES_ENV_VAR
 

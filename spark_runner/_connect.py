@@ -10,7 +10,7 @@ never becomes one oversized Arrow row; the driver joins the chunks in order.
 
 What differs from the classic path: the slot check reads ``spark.master`` and
 ``spark.task.cpus`` from ``spark.conf`` (other masters: one small probe job counts the
-cluster's default parallelism); cancellation is by an operation tag
+cluster's default parallelism; ``_slots``); cancellation is by an operation tag
 (``spark.addTag`` / ``spark.interruptTag``) instead of a job group; the log server
 listens on the client's address on the route to the Connect server. Stage retries: when
 Spark retries failed tasks (``_slots.task_max_failures``: ``local[N,F]`` with F > 1, or on
@@ -25,10 +25,8 @@ client on its log connection when it has one, else in the Connect error text
 from __future__ import annotations
 
 import contextlib
-import re
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -38,90 +36,13 @@ from ringcore import RingError
 
 from ._errors import stage_worker_error
 from ._logserver import DRAIN_S
-from ._slots import NotEnoughSlotsError, retries_configured
+from ._slots import retries_configured
 from ._task import TaskSpec, make_barrier_task
 
 #: bytes of result per Arrow row: well under Connect's 4 MiB Arrow batches
 #: (``spark.connect.grpc.arrow.maxBatchSize``) and gRPC's message limit
 CHUNK_BYTES = 1 << 20
 RESULT_SCHEMA = "rank int, chunk int, data binary"
-PROBE_INTERVAL_S = 2.0
-_LOCAL_N = re.compile(r"^local\[(\d+)(?:,\s*\d+)?\]$")
-_LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]$")
-
-
-def is_connect(spark: Any) -> bool:
-    """Whether ``spark`` is a Spark Connect session (no SparkContext on this side)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-def connect_session() -> Any:
-    """The active (else default) Spark Connect session of this process, or None."""
-    try:
-        from pyspark.sql.connect.session import SparkSession
-    except ImportError:  # the connect extras (grpcio, ...) are not installed
-        return None
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active
-    # pyspark >= 4.0 keeps a default session beside the active one; 3.5 has only the latter
-    default = getattr(SparkSession, "_get_default_session", None)
-    return default() if default is not None else None
-
-
-def _conf(spark: Any, key: str, default: str) -> str:
-    value = spark.conf.get(key, None)
-    return default if value is None else str(value)
-
-
-def _probe_parallelism(spark: Any) -> int:
-    """The cluster's default parallelism: the partitions of a ``spark.range`` without a
-    partition count (one small job)."""
-    from pyspark.sql import functions as F
-
-    row = spark.range(0, 1 << 16).select(F.max(F.spark_partition_id()).alias("p")).first()
-    return int(row["p"]) + 1
-
-
-def task_slots(spark: Any) -> tuple[int, bool]:
-    """Task slots the server's cluster offers, and whether that count is fixed (a local
-    master) rather than growing as executors register."""
-    master = _conf(spark, "spark.master", "")
-    task_cpus = max(int(_conf(spark, "spark.task.cpus", "1")), 1)
-    local = _LOCAL_N.match(master)
-    if local:
-        return int(local.group(1)) // task_cpus, True
-    if master == "local":
-        return 1 // task_cpus, True
-    cluster = _LOCAL_CLUSTER.match(master)
-    if cluster:
-        return int(cluster.group(1)) * int(cluster.group(2)) // task_cpus, True
-    return _probe_parallelism(spark) // task_cpus, master.startswith("local")
-
-
-def wait_for_slots(spark: Any, num_proc: int, timeout_s: float) -> int:
-    """Like the classic check, from what a Connect client can see; raises before the
-    barrier stage when the cluster cannot hold ``num_proc`` tasks at once."""
-    slots, fixed = task_slots(spark)
-    deadline = time.monotonic() + (0.0 if fixed else timeout_s)
-    while slots < num_proc and time.monotonic() < deadline:
-        time.sleep(PROBE_INTERVAL_S)
-        slots = task_slots(spark)[0]
-    if slots >= num_proc:
-        return slots
-    master = _conf(spark, "spark.master", "?")
-    task_cpus = _conf(spark, "spark.task.cpus", "1")
-    hint = (
-        " Dynamic allocation is on: set spark.dynamicAllocation.minExecutors high enough, since a "
-        "barrier stage needs all its slots at once."
-        if _conf(spark, "spark.dynamicAllocation.enabled", "false").lower() == "true"
-        else ""
-    )
-    raise NotEnoughSlotsError(
-        f"The barrier stage needs {num_proc} task slots but the Spark Connect server's cluster "
-        f"has {slots} (master {master}, spark.task.cpus={task_cpus}). Lower num_proc to "
-        f"{max(slots, 1)} or add executors/cores.{hint}"
-    )
 
 
 class AttemptCounter:
@@ -211,7 +132,7 @@ def run_stage(spark: Any, payload: bytes, spec: TaskSpec, server: Any) -> list[b
     spark.addTag(tag)
     try:
         retried = retries_configured(
-            _conf(spark, "spark.master", ""), spark.conf.get("spark.task.maxFailures", None)
+            str(spark.conf.get("spark.master", "")), spark.conf.get("spark.task.maxFailures", None)
         )
         frame = spark.range(0, num_proc, 1, num_proc).mapInArrow(
             make_arrow_task(payload, replace(spec, all_or_none=retried)),

@@ -36,7 +36,6 @@ from ringcore.launch import (
     new_secret,
 )
 
-from ._connect import is_connect
 from ._elastic_task import ElasticTaskSpec, make_elastic_task
 from ._errors import stage_worker_error
 from ._logserver import LogServer
@@ -48,6 +47,7 @@ from ._run import (
     horovod_options_env,
     resolve_timeout,
 )
+from ._session import is_connect
 from ._slots import NotEnoughSlotsError, wait_for_slots
 
 log = logging.getLogger("ringtrain.spark_runner")

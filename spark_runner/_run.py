@@ -23,6 +23,7 @@ from . import _connect
 from ._errors import executor_import_error, executors_python, stage_worker_error
 from ._logserver import DRAIN_S, LogServer
 from ._platform import defaults
+from ._session import connect_session, is_connect
 from ._slots import default_num_proc, retries_configured, wait_for_slots
 from ._task import TaskSpec, make_barrier_task
 
@@ -39,9 +40,7 @@ def _active_session():
 
     # The active session is per thread; a session made on another thread serves too.
     spark = (
-        SparkSession.getActiveSession()
-        or SparkSession._instantiatedSession
-        or _connect.connect_session()
+        SparkSession.getActiveSession() or SparkSession._instantiatedSession or connect_session()
     )
     if spark is None:
         raise RingError(
@@ -169,7 +168,7 @@ def _log_server(
     stdout = stdout if stdout is not None else sys.stdout
     stderr = stderr if stderr is not None else sys.stderr
     on_progress = display.update if display is not None else None
-    if _connect.is_connect(spark):  # this client is not Spark's driver: listen where it is
+    if is_connect(spark):  # this client is not Spark's driver: listen where it is
         host = _connect.client_address(spark)
         bind = defaults().log_bind_host or host
         return LogServer(
@@ -259,7 +258,7 @@ def run(
     show = verbose >= 1 and progress_enabled(progress)
     env = horovod_options_env(env, use_gloo, use_mpi, extra_mpi_args, nics, executable)
     spark = _active_session()
-    connect = _connect.is_connect(spark)
+    connect = is_connect(spark)
     sc = None if connect else spark.sparkContext
     if num_proc is None:  # the cluster's parallelism
         num_proc = default_num_proc(spark)

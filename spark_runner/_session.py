@@ -1,9 +1,10 @@
-"""A SparkSession set up the way ringtrain's workers need it, for scripts and tests.
+"""SparkSessions: which kind a session is (classic or Spark Connect), this process's
+Connect session, and one set up the way ringtrain's workers need it, for scripts and tests.
 
-It sets what users otherwise trip over: ``PYSPARK_PYTHON`` (executors must run this
-interpreter, which has torch), loopback binding, and for ``local-cluster`` masters
-``SPARK_HOME`` (the pyspark package) and ``SPARK_WORKER_DIR`` (else executors write
-into site-packages).
+:func:`local_session` sets what users otherwise trip over: ``PYSPARK_PYTHON`` (executors
+must run this interpreter, which has torch), loopback binding, and for ``local-cluster``
+masters ``SPARK_HOME`` (the pyspark package) and ``SPARK_WORKER_DIR`` (else executors
+write into site-packages).
 """
 
 from __future__ import annotations
@@ -16,6 +17,25 @@ from typing import Any
 from ringcore import RingError
 
 from ._platform import defaults
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no SparkContext on this side)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def connect_session() -> Any:
+    """The active (else default) Spark Connect session of this process, or None."""
+    try:
+        from pyspark.sql.connect.session import SparkSession
+    except ImportError:  # the connect extras (grpcio, ...) are not installed
+        return None
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    # pyspark >= 4.0 keeps a default session beside the active one; 3.5 has only the latter
+    default = getattr(SparkSession, "_get_default_session", None)
+    return default() if default is not None else None
 
 
 def local_session(

@@ -1,5 +1,11 @@
 """How many barrier tasks the cluster can hold at once, and waiting for them; whether it
-retries failed tasks."""
+retries failed tasks.
+
+A classic session counts its slots through the SparkContext. A Spark Connect client
+holds no SparkContext: it reads ``spark.master`` and ``spark.task.cpus`` from
+``spark.conf`` (a ``local[N]`` or ``local-cluster`` master), else one small probe job
+counts the cluster's default parallelism.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,8 @@ from typing import Any
 
 from ringcore import RingError
 
+from ._session import is_connect
+
 log = logging.getLogger("ringtrain.spark_runner")
 
 # Spark's own master patterns (SparkMasterRegex): "local", "local[N]" / "local[*]", and
@@ -18,6 +26,10 @@ log = logging.getLogger("ringtrain.spark_runner")
 _LOCAL = re.compile(r"^local(?:\[\s*(?:[0-9]+|\*)\s*(?:,\s*([0-9]+)\s*)?\])?$")
 #: ``spark.task.maxFailures`` when unset on a cluster scheduler (Spark's default)
 DEFAULT_CLUSTER_MAX_FAILURES = 4
+#: seconds between two probes of a Connect server's cluster while executors register
+PROBE_INTERVAL_S = 2.0
+_LOCAL_N = re.compile(r"^local\[(\d+)(?:,\s*\d+)?\]$")
+_LOCAL_CLUSTER = re.compile(r"^local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]$")
 
 
 class NotEnoughSlotsError(RingError, ValueError):
@@ -69,10 +81,8 @@ def default_num_proc(spark: Any) -> int:
     ``sparkContext.defaultParallelism``; on a Spark Connect session (no SparkContext) the
     task slots of the server's cluster (read from ``spark.conf`` for a ``local[N]`` or
     ``local-cluster`` master, else one small probe job)."""
-    from . import _connect  # it imports this module
-
-    if _connect.is_connect(spark):
-        return _connect.task_slots(spark)[0]
+    if is_connect(spark):
+        return connect_task_slots(spark)[0]
     return int(getattr(spark, "sparkContext", spark).defaultParallelism)
 
 
@@ -82,11 +92,9 @@ def wait_for_slots(sc: Any, num_proc: int, timeout_s: float) -> int:
     ``timeout_s`` for executors to register.
 
     ``sc``: a SparkContext, or a SparkSession (classic, or Spark Connect: the slots of
-    the server's cluster as ``spark.conf`` tells them, see ``spark_runner._connect``)."""
-    from . import _connect  # it imports this module
-
-    if _connect.is_connect(sc):
-        return _connect.wait_for_slots(sc, num_proc, timeout_s)
+    the server's cluster, :func:`wait_for_connect_slots`)."""
+    if is_connect(sc):
+        return wait_for_connect_slots(sc, num_proc, timeout_s)
     sc = getattr(sc, "sparkContext", sc)  # a classic SparkSession: its SparkContext
     dynamic = _conf(sc, "spark.dynamicAllocation.enabled", "false").lower() == "true"
     slots = task_slots(sc)
@@ -110,4 +118,59 @@ def wait_for_slots(sc: Any, num_proc: int, timeout_s: float) -> int:
     raise NotEnoughSlotsError(
         f"The barrier stage needs {num_proc} task slots but the cluster has {slots} "
         f"({describe_cluster(sc)}). Lower num_proc to {max(slots, 1)} or add executors/cores.{hint}"
+    )
+
+
+def _connect_conf(spark: Any, key: str, default: str) -> str:
+    value = spark.conf.get(key, None)
+    return default if value is None else str(value)
+
+
+def _probe_parallelism(spark: Any) -> int:
+    """The cluster's default parallelism: the partitions of a ``spark.range`` without a
+    partition count (one small job)."""
+    from pyspark.sql import functions as F
+
+    row = spark.range(0, 1 << 16).select(F.max(F.spark_partition_id()).alias("p")).first()
+    return int(row["p"]) + 1
+
+
+def connect_task_slots(spark: Any) -> tuple[int, bool]:
+    """Task slots a Spark Connect server's cluster offers, and whether that count is fixed
+    (a local master) rather than growing as executors register."""
+    master = _connect_conf(spark, "spark.master", "")
+    task_cpus = max(int(_connect_conf(spark, "spark.task.cpus", "1")), 1)
+    local = _LOCAL_N.match(master)
+    if local:
+        return int(local.group(1)) // task_cpus, True
+    if master == "local":
+        return 1 // task_cpus, True
+    cluster = _LOCAL_CLUSTER.match(master)
+    if cluster:
+        return int(cluster.group(1)) * int(cluster.group(2)) // task_cpus, True
+    return _probe_parallelism(spark) // task_cpus, master.startswith("local")
+
+
+def wait_for_connect_slots(spark: Any, num_proc: int, timeout_s: float) -> int:
+    """:func:`wait_for_slots` from what a Spark Connect client can see; raises before the
+    barrier stage when the cluster cannot hold ``num_proc`` tasks at once."""
+    slots, fixed = connect_task_slots(spark)
+    deadline = time.monotonic() + (0.0 if fixed else timeout_s)
+    while slots < num_proc and time.monotonic() < deadline:
+        time.sleep(PROBE_INTERVAL_S)
+        slots = connect_task_slots(spark)[0]
+    if slots >= num_proc:
+        return slots
+    master = _connect_conf(spark, "spark.master", "?")
+    task_cpus = _connect_conf(spark, "spark.task.cpus", "1")
+    hint = (
+        " Dynamic allocation is on: set spark.dynamicAllocation.minExecutors high enough, since a "
+        "barrier stage needs all its slots at once."
+        if _connect_conf(spark, "spark.dynamicAllocation.enabled", "false").lower() == "true"
+        else ""
+    )
+    raise NotEnoughSlotsError(
+        f"The barrier stage needs {num_proc} task slots but the Spark Connect server's cluster "
+        f"has {slots} (master {master}, spark.task.cpus={task_cpus}). Lower num_proc to "
+        f"{max(slots, 1)} or add executors/cores.{hint}"
     )

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from ringcore._shm_segment import MAGIC, VERSION
+from ringcore.shm.segment import MAGIC, VERSION
 
 __all__ = ["NOBODY", "SHM", "collect", "fork_as", "needs_root", "plant"]
 

@@ -463,7 +463,7 @@ def test_a_local_checkpoint_is_fsynced_before_it_replaces_the_last_one(tmp_path,
     category="fault",
 )
 def test_an_empty_checkpoint_after_a_crash_resumes_from_the_previous_one_not_refused(tmp_path):
-    from estimators._checks import _check_run_id
+    from estimators.frameworks.torch._checkpoint import check_resume
 
     store = Store.create(str(tmp_path))
     model = torch.nn.Linear(64, 1)
@@ -472,7 +472,8 @@ def test_an_empty_checkpoint_after_a_crash_resumes_from_the_previous_one_not_ref
         state = {"model": model.state_dict(), "optimizer": {}, "epoch": epoch, "history": []}
         store.write_atomic(path, lambda f, s=state: torch.save(s, f))
     open(path, "wb").close()  # what a host crash before the data reached the disk leaves
-    _check_run_id(store, "crashed", model)  # the driver's check: no ValueError, it resumes
+    # the driver's check: no ValueError, it resumes
+    check_resume(model, store, "crashed", store.find_checkpoint("crashed"))
     found = store.find_checkpoint("crashed")
     assert found == path + ".prev"
     assert torch.load(found, weights_only=True)["epoch"] == 1
@@ -535,7 +536,7 @@ def _regressor(store_path: str, **params):
 
 
 def test_a_fit_with_other_params_runs_apart_from_a_run_id_it_did_not_write(tmp_path, caplog):
-    from estimators._runs import record_run, run_to_use
+    from estimators.store._runs import record_run, run_to_use
 
     store = Store.create(str(tmp_path))
     first = {"batch_size": 8, "loss": "MSELoss()", "data": "1"}

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ringcore import _backends
-from ringcore._backends import (
-    Connection,
-    lookup_backend,
-    register_backend,
-    registered_backends,
-)
+from ringcore.backends import registry as _backends
+from ringcore.backends.registry import lookup_backend, registered_backends
+from ringcore.launch import register_backend
 from ringcore.testing import run_workers
 
 
@@ -62,41 +58,63 @@ class _Counting:
 
 
 def _counting_worker() -> dict:
+    import dataclasses
+
     import torch
 
-    import ringcore
     import ringcore.torch as hvd
-    from ringcore import _backends
+    from ringcore.backends.registry import lookup_backend
+    from ringcore.launch import backend_name, data_plane, register_backend
+    from ringcore.runtime.state import engine
 
     closed = []
 
     def factory(rdv):
-        gloo = _backends.lookup_backend("gloo")(rdv)
+        gloo = lookup_backend("gloo")(rdv)
 
         def close():
             closed.append(True)
             if gloo.close is not None:
                 gloo.close()
 
-        return Connection(_Counting(gloo.backend), gloo.rendezvous, gloo.store, close)
+        # the ring's store and prefix come along: the runtime may put shared memory in front
+        return dataclasses.replace(gloo, backend=_Counting(gloo.backend), close=close)
 
-    _backends.register_backend("counting", factory)
+    register_backend("counting", factory)
     hvd.init()
     try:
-        backend = ringcore._runtime.engine().backend
+        layers, layer = [], engine().backend  # outermost first
+        while layer is not None:
+            layers.append(type(layer).__name__)
+            layer = getattr(layer, "inner", None)
+        counting = engine().backend.inner
         total = hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item()
-        facts = {"name": ringcore._runtime.backend_name(), "sum": total, "calls": backend.calls}
+        plane = data_plane()
+        facts = {
+            "name": backend_name(),
+            "sum": total,
+            "calls": counting.calls,
+            "layers": layers,
+            "mode": plane["mode"],
+            "shm_ops": plane["ops"]["shm"],
+        }
     finally:
         hvd.shutdown()
     facts["closed"] = closed
     return facts
 
 
-def test_init_picks_the_backend_ring_backend_names():
+def test_init_picks_the_backend_ring_backend_names_with_shared_memory_in_front_of_it():
+    """A backend registered from outside gets what the built-in ones get: on one host the
+    shared-memory plane sits in front of it (it was once wired inside Gloo's connect only),
+    and what the plane does not carry goes through it."""
     facts = run_workers(_counting_worker, np=2, env={"RING_BACKEND": "counting"})
     for f in facts:
         assert f["name"] == "counting" and f["sum"] == 3.0
-        assert f["calls"][0] == "broadcast_object" and "allreduce" in f["calls"]
+        assert f["layers"][:2] == ["ShmBackend", "_Counting"], f["layers"]
+        assert f["mode"] == "flat" and f["shm_ops"] >= 1
+        # the plane's start-up vote and rank 0's offer went through the registered backend
+        assert f["calls"][:2] == ["allreduce", "broadcast_object"]
         assert f["closed"] == [True]
 
 

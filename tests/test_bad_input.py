@@ -4,7 +4,7 @@ thing, the value and the fix, before the data is written and with the store as i
 Estimator cases run on a real ``local[2]`` session. Cases decided from the params and the
 schema start no Spark job at all (checked with a job group and the status tracker); cases
 that only the data can decide (nulls, NaNs, too few rows, a first batch through the model
-and the loss) run exactly one job — the aggregation of ``estimators._checks.check_data`` —
+and the loss) run exactly one job — the aggregation of ``estimators.fit._check.check_data`` —
 and write nothing. Ring-core cases (ranks disagreeing in a collective) run on two real
 Gloo ranks in one launch.
 """

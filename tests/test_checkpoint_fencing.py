@@ -29,7 +29,7 @@ from _reliability import record
 from fsspec.implementations.local import LocalFileSystem
 
 from estimators import FsspecStore, Store
-from estimators._store import ClaimUnreadableError, StaleWriterError
+from estimators.store import ClaimUnreadableError, StaleWriterError
 
 ZOMBIE, RETRY, LATER_FIT = (100, 0), (100, 1), (200, 0)
 BUCKET = "ringtrain-fencing"
@@ -371,7 +371,7 @@ def test_a_writer_killed_mid_write_leaves_the_last_checkpoint_whole_and_the_next
 def test_a_keras_checkpoint_carries_its_history_so_a_resume_from_the_previous_knows_its_epochs():
     import zipfile
 
-    from estimators._checkpoints import history_in, with_history
+    from estimators.frameworks.keras._checkpoint import history_in, with_history
 
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:  # a .keras file is a zip archive

@@ -18,7 +18,7 @@ def _control_path_worker() -> dict:
     import torch
 
     import ringcore.torch as hvd
-    from ringcore import _state
+    from ringcore.runtime import state as _state
 
     hvd.init()
     r, n = hvd.rank(), hvd.size()

@@ -243,7 +243,7 @@ def test_remote_reads_turn_off_fsspecs_read_ahead_cache_unless_asked():
     import fsspec
     from fsspec.implementations.memory import MemoryFileSystem
 
-    from ringcore.data import _read_options
+    from ringcore.data._sources import read_options as _read_options
 
     class Cached(MemoryFileSystem):
         def __init__(self, *args, default_cache_type="readahead", **kwargs):

@@ -18,8 +18,8 @@ from _servers import moto_s3_server
 
 import spark_runner
 from estimators import Callback, FsspecStore, RingEstimator, Store
-from estimators._parquet_writer import pick_writer
-from estimators._readers import ValidationShard
+from estimators.data._parquet_writer import pick_writer
+from estimators.data._readers import ValidationShard
 from ringcore.data import make_reader
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -168,7 +168,7 @@ def launcher_store(monkeypatch):
     process set up as an elastic worker of it; the worker's elastic state forgotten after."""
     import torch.distributed as dist
 
-    from ringcore import _elastic
+    from ringcore.elastic import worker as _elastic
 
     launcher = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
     monkeypatch.setenv("RING_ELASTIC", "1")
@@ -199,14 +199,19 @@ def test_a_rank_waiting_at_a_superseded_generations_rendezvous_leaves_it_at_once
     import threading
     import time
 
-    from ringcore import _elastic, _torch_ring, topology_from_hosts
+    from ringcore import topology_from_hosts
     from ringcore._errors import RendezvousError
-    from ringcore._rendezvous import Rendezvous
+    from ringcore.backends import torch_ring as _torch_ring
+    from ringcore.elastic import worker as _elastic
+    from ringcore.rendezvous.environment import Rendezvous
+    from ringcore.runtime import lifecycle
 
     port = launcher_store.port
     monkeypatch.setattr(_elastic, "_my_generation", 1)  # this worker joined generation 1
     monkeypatch.setattr(_elastic, "_rejoining", True)  # inside rejoin()
-    rdv = Rendezvous(topology_from_hosts(["a", "a"], 1), "127.0.0.1", port, False, "test")
+    rdv = lifecycle._joining(
+        Rendezvous(topology_from_hosts(["a", "a"], 1), "127.0.0.1", port, False, "test")
+    )
     ring = _ring_client(port, "elastic/ring/1")
     threading.Timer(1.0, launcher_store.add, (_elastic.GEN_KEY, 1)).start()  # generation 2
     start = time.monotonic()
@@ -231,11 +236,15 @@ def test_the_first_rings_rendezvous_waits_for_its_members_even_after_a_newer_gen
     import datetime
     import threading
 
-    from ringcore import _torch_ring, topology_from_hosts
-    from ringcore._rendezvous import Rendezvous
+    from ringcore import topology_from_hosts
+    from ringcore.backends import torch_ring as _torch_ring
+    from ringcore.rendezvous.environment import Rendezvous
+    from ringcore.runtime import lifecycle
 
     port = launcher_store.port  # generation 1 is published before rank 0 arrives
-    rdv = Rendezvous(topology_from_hosts(["a", "a"], 1), "127.0.0.1", port, False, "test")
+    rdv = lifecycle._joining(  # outside rejoin(): nothing makes this rendezvous moot
+        Rendezvous(topology_from_hosts(["a", "a"], 1), "127.0.0.1", port, False, "test")
+    )
     ring, late = _ring_client(port, "ring0"), _ring_client(port, "ring0")
     threading.Timer(2.5, late.set, ("arrived/0", "1")).start()  # rank 0, late
     _torch_ring._await_ranks(ring, rdv, datetime.timedelta(seconds=30))

@@ -455,7 +455,7 @@ def test_autotune_tries_each_candidate_and_logs_the_trials_as_csv(tmp_path):
 def test_ring_log_level_sets_the_ringtrain_loggers_and_rejects_unknown_levels(monkeypatch):
     import logging
 
-    from ringcore import _runtime
+    from ringcore.runtime import lifecycle as _runtime
 
     logger = logging.getLogger("ringtrain")
     before, handlers = logger.level, list(logger.handlers)
@@ -494,7 +494,7 @@ def test_the_fusion_buffer_round_trips_every_layout(make):
     dense-tensor flattening)."""
     import torch
 
-    from ringcore._engine import _flatten, _unflatten
+    from ringcore.engine.execute import _flatten, _unflatten
 
     bufs = make(torch)
     flat = _flatten(bufs)

@@ -12,11 +12,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from _digits import demo
 from pyspark.sql.types import ArrayType, DoubleType
 
-from estimators import RingEstimator, RingModel, Store, demo
+from estimators import RingEstimator, RingModel, Store
 from estimators._params import ESTIMATOR_PARAMS, MODEL_PARAMS, accessor_names
-from estimators._train_torch import TrainSpec, _as_target, train
+from estimators.frameworks.torch._loop import train
+from estimators.frameworks.torch._spec import TorchSpec
+from estimators.frameworks.torch._tensors import as_target
 from ringcore.testing import run_workers
 
 SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
@@ -253,7 +256,7 @@ def _tiny_spec(store, epochs):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.5)
-    return TrainSpec(
+    return TorchSpec(
         user_objects=cloudpickle.dumps(
             (model, type(optimizer), torch.nn.CrossEntropyLoss(), ["accuracy"], [])
         ),
@@ -299,8 +302,8 @@ def test_worker_loop_trains_on_ragged_files_and_resumes_from_its_checkpoint(tmp_
 
 
 def test_spark_ml_double_labels_become_class_indices_and_scalars_meet_one_output():
-    class_labels = _as_target(torch.zeros(3, 4), torch.tensor([1.0, 3.0, 0.0]))
+    class_labels = as_target(torch.zeros(3, 4), torch.tensor([1.0, 3.0, 0.0]))
     assert class_labels.dtype == torch.long and class_labels.tolist() == [1, 3, 0]
-    column = _as_target(torch.zeros(3, 1), torch.tensor([1, 0, 1]))
+    column = as_target(torch.zeros(3, 1), torch.tensor([1, 0, 1]))
     assert column.shape == (3, 1) and column.dtype == torch.float32
-    assert _as_target(torch.zeros(3, 4), torch.tensor([2, 1, 0])).dtype == torch.int64
+    assert as_target(torch.zeros(3, 4), torch.tensor([2, 1, 0])).dtype == torch.int64

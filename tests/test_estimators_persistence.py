@@ -25,8 +25,8 @@ from pyspark.sql.types import (
 )
 
 from estimators import RingEstimator, RingModel, Store
-from estimators._prepare import clear_cache
-from estimators._train_torch import _loss
+from estimators.fit._cache import clear_cache
+from estimators.frameworks.torch._losses import batch_loss
 
 SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 
@@ -281,15 +281,17 @@ def test_sparse_vectors_a_validation_column_weights_and_a_transformation_fn(spar
 
 
 def test_sample_weights_weigh_each_rows_loss():
-    mse = torch.nn.MSELoss()  # _loss takes one label column's loss fn (issue 23's per-label losses)
+    mse = (
+        torch.nn.MSELoss()
+    )  # batch_loss takes one label column's loss fn (issue 23's per-label losses)
     output, target = torch.tensor([[1.0], [3.0]]), torch.tensor([[0.0], [0.0]])
-    weighted = _loss(mse, output, target, torch.tensor([1.0, 0.0]))
+    weighted = batch_loss(mse, output, target, torch.tensor([1.0, 0.0]))
     assert float(weighted) == pytest.approx(0.5)  # mean(weight * per-row loss) = (1 + 0) / 2
     assert mse.reduction == "mean"  # restored
-    assert float(_loss(mse, output, target, None)) == pytest.approx(5.0)
+    assert float(batch_loss(mse, output, target, None)) == pytest.approx(5.0)
     scalar = lambda o, t: ((o - t) ** 2).mean()  # noqa: E731
     with pytest.raises(ValueError, match="one number for the batch"):
-        _loss(scalar, output, target, torch.ones(2))
+        batch_loss(scalar, output, target, torch.ones(2))
 
 
 # --- errors, and nothing left behind -------------------------------------------------------

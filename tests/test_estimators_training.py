@@ -17,12 +17,13 @@ import uuid
 import numpy as np
 import pytest
 import torch
+from _digits import demo
 from _reliability import record
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DoubleType
 
 import spark_runner
-from estimators import Callback, RingEstimator, RingModel, Store, demo
+from estimators import Callback, RingEstimator, RingModel, Store
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -474,7 +475,7 @@ def test_reader_auto_falls_back_to_arrow_when_the_stack_breaks_petastorm(monkeyp
 
 
 def test_use_gpu_is_auto_and_true_without_cuda_is_refused(digits):
-    from estimators._config import resolve_config
+    from estimators.fit._resolve import resolve_config
 
     model = torch.nn.Linear(64, 10)
     est = RingEstimator(

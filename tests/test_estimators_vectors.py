@@ -14,7 +14,7 @@ from pyspark.ml.linalg import DenseVector, Vectors, VectorUDT
 from pyspark.sql.types import ArrayType, DoubleType
 
 from estimators import RingEstimator, RingModel
-from estimators._prepare import clear_cache
+from estimators.fit._cache import clear_cache
 
 SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 

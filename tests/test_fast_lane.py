@@ -1,4 +1,4 @@
-"""The fast lane (``ringcore._shm_vote`` and ``Engine._run_fast``): a blocking allreduce of
+"""The fast lane (``ringcore.shm.vote`` and ``ringcore.engine.lane``): a blocking allreduce of
 a cached name, on a one-host job whose ranks all share the shared-memory group, runs in
 the caller's thread once every rank has voted for it, without the coordinator.
 
@@ -23,7 +23,7 @@ import uuid
 import pytest
 
 from ringcore import WorkerError
-from ringcore._shm_vote import ABORTED, COMMITTED, GONE, H_STATE, OPEN, Votes
+from ringcore.shm.vote import ABORTED, COMMITTED, GONE, H_STATE, OPEN, Votes
 from ringcore.testing import run_workers
 
 # ---- the rules, on a segment file in one process ----------------------------------------
@@ -110,8 +110,8 @@ def test_a_waiter_learns_a_commit_made_by_another_thread(two_views):
 def _blocking_worker(fast: str) -> dict:
     import torch
 
-    import ringcore._state as st
     import ringcore.torch as hvd
+    from ringcore.runtime import state as st
 
     os.environ["RING_FAST_LANE"] = fast
     hvd.init()
@@ -176,8 +176,8 @@ def _mixed_worker() -> dict:
     order that differs by rank; two threads per rank submit at once."""
     import torch
 
-    import ringcore._state as st
     import ringcore.torch as hvd
+    from ringcore.runtime import state as st
 
     hvd.init()
     try:
@@ -231,8 +231,8 @@ def test_async_ops_other_threads_and_blocking_ops_in_another_order_never_mix_up(
 def _late_rank_worker() -> dict:
     import torch
 
-    import ringcore._state as st
     import ringcore.torch as hvd
+    from ringcore.runtime import state as st
 
     hvd.init()
     try:
@@ -359,8 +359,8 @@ def _burst_worker() -> dict:
     the ranks when the first wait comes, and an op nobody waits on (polled)."""
     import torch
 
-    import ringcore._state as st
     import ringcore.torch as hvd
+    from ringcore.runtime import state as st
 
     hvd.init()
     try:
@@ -427,9 +427,9 @@ def _gc_pause_worker() -> dict:
 
     import torch
 
-    import ringcore._state as st
     import ringcore.torch as hvd
-    from ringcore._engine import LANE_IDLE_S
+    from ringcore.engine.lane import LANE_IDLE_S
+    from ringcore.runtime import state as st
 
     hvd.init()
     try:
@@ -483,9 +483,9 @@ def _fused_worker(shm: str) -> dict:
     scale factors, a tensor spanning several chunks of a 16 KiB slot, integers."""
     import torch
 
-    import ringcore._state as st
     import ringcore.torch as hvd
-    from ringcore._shm_backend import ShmBackend
+    from ringcore.runtime import state as st
+    from ringcore.shm.layer import ShmBackend
 
     ShmBackend.slot_bytes = 16 << 10
     os.environ["RING_SHM"] = shm
@@ -589,8 +589,8 @@ def _uneven_threshold_worker() -> dict:
     of cached async allreduces, which take the fast lane."""
     import torch
 
-    import ringcore._state as st
     import ringcore.torch as hvd
+    from ringcore.runtime import state as st
 
     if os.environ.get("RING_RANK") == "1":
         os.environ["RING_FUSION_THRESHOLD"] = "64"

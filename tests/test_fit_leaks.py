@@ -10,7 +10,7 @@ Counted with psutil after every fit and bounded between the warm-up and the late
 - processes a fit left behind: any new descendant of the driver other than the daemon
   and its workers, and any process anywhere carrying this test's marker variable (which
   every Spark Python process inherits), so a rank's orphan counts too: none, ever;
-- ``/dev/shm/ringshm-*`` segments (``ringcore._shm_segment``): none created, none
+- ``/dev/shm/ringshm-*`` segments (``ringcore.shm.segment``): none created, none
   mapped by the driver or a worker; no ``ringtrain*`` file or folder in the temporary
   directory (``TMPDIR``, set for the workers and the driver alike to one of this test's
   own), and nothing new there after the warm-up (torch makes its cache folder once).
@@ -35,7 +35,7 @@ from estimators import RingEstimator, Store
 FITS = int(os.environ.get("RELIABILITY_FITS", "10"))
 WARM_UP = 3
 SHM_DIR = "/dev/shm"
-SHM_PREFIX = "ring"  # ringcore._shm_segment names its segments ringshm-<prefix>-<token>
+SHM_PREFIX = "ring"  # ringcore.shm.segment names its segments ringshm-<prefix>-<token>
 MARK_VAR = "RINGTRAIN_FIT_LEAKS_MARK"
 MARK = uuid.uuid4().hex
 

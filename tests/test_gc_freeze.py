@@ -1,5 +1,5 @@
 """``init()`` freezes the heap it finds for the garbage collector, refreshes it now and
-then, and ``shutdown()`` thaws it (``ringcore._gc``): a full collection mid-job no longer
+then, and ``shutdown()`` thaws it (``ringcore.runtime.heap``): a full collection mid-job no longer
 walks torch's ~170,000 import objects, garbage the freeze hid is freed within a refresh
 period, a freeze the user made is left alone, and nothing stays frozen after the job.
 

@@ -11,18 +11,14 @@ import os
 import pytest
 import torch
 
-import ringcore
-from ringcore._backend_choice import choose_backend
-from ringcore._device_pinning import (
-    GpuUnavailableError,
-    check_use_gpu,
-    device_index,
-    device_of_type,
-    pin_gpu,
-)
-from ringcore._host_staged import HostStaged
+import ringcore.launch
+import ringcore.runtime.state
 from ringcore._ops import ReduceOp
-from ringcore._torch_backend import TorchDistBackend, torch_backend
+from ringcore.backends.choice import choose_backend
+from ringcore.backends.devices import check_use_gpu, device_index, device_of_type
+from ringcore.backends.host_staged import HostStaged
+from ringcore.backends.torch_backend import TorchDistBackend, torch_backend
+from ringcore.launch import GpuUnavailableError, pin_gpu
 from ringcore.testing import run_workers
 
 HAS_CUDA = torch.cuda.is_available()
@@ -188,7 +184,7 @@ def _ring_facts() -> dict:
 
     hvd.init()
     try:
-        eng_backend = ringcore._runtime.engine().backend
+        eng_backend = ringcore.runtime.state.engine().backend
         x = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
         many = hvd.grouped_allreduce([torch.ones(3) * hvd.rank(), torch.ones(2)], op=hvd.Sum)
         layers, layer = [], eng_backend  # outermost first: shm (CPU), then the network's
@@ -196,7 +192,7 @@ def _ring_facts() -> dict:
             layers.append(layer)
             layer = getattr(layer, "inner", None)
         return {
-            "name": ringcore._runtime.backend_name(),
+            "name": ringcore.launch.backend_name(),
             "staged": any(isinstance(b, HostStaged) for b in layers),
             "layers": [type(b).__name__ for b in layers],
             "sum": x.item(),
@@ -288,7 +284,7 @@ def _gpu_facts(steps: int) -> dict:
             losses.append(loss.item())
         weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         return {
-            "backend": ringcore._runtime.backend_name(),
+            "backend": ringcore.launch.backend_name(),
             "device": str(x.device),
             "sum": x[0].item(),
             "expected_sum": float(n * (n + 1) / 2),

@@ -24,10 +24,12 @@ from ringcore.launch import GpuUnavailableError
 pytest.importorskip("pyspark")
 ray = pytest.importorskip("ray")
 
+from _digits import demo  # noqa: E402
+
 import ray_runner  # noqa: E402
 import spark_runner  # noqa: E402
-from estimators import Callback, RingEstimator, RingModel, Store, demo  # noqa: E402
-from estimators._predict_torch import task_device  # noqa: E402
+from estimators import Callback, RingEstimator, RingModel, Store  # noqa: E402
+from estimators.frameworks.torch._predict import task_device  # noqa: E402
 from ray_runner import RayExecutor, RingTrainer, RunConfig, ScalingConfig  # noqa: E402
 from spark_runner._task import gpu_env  # noqa: E402
 
@@ -216,12 +218,12 @@ def _tagged_mlp() -> torch.nn.Module:
 def _device_recorder(path: str) -> Callback:
     class DeviceRecorder(Callback):
         def on_train_begin(self, logs):
-            import ringcore._runtime
+            import ringcore.launch
 
             facts = {
                 "params": sorted({str(p.device) for p in self.model.parameters()}),
                 "current": torch.cuda.current_device() if torch.cuda.is_available() else None,
-                "backend": ringcore._runtime.backend_name(),
+                "backend": ringcore.launch.backend_name(),
             }
             with open(path, "w") as f:
                 json.dump(facts, f)
@@ -295,7 +297,7 @@ def _gpu_loop(config=None):
     """RingTrainer's loop: a few steps of a linear model on the GPU ringcore pinned."""
     import torch.nn.functional as F
 
-    import ringcore._runtime
+    import ringcore.launch
     import ringcore.torch as hvd
 
     hvd.init()
@@ -318,7 +320,7 @@ def _gpu_loop(config=None):
     ray_runner.report(
         {
             "device": str(next(model.parameters()).device),
-            "backend": ringcore._runtime.backend_name(),
+            "backend": ringcore.launch.backend_name(),
             "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "ray_gpu_ids": [str(i) for i in ray.get_gpu_ids()],
             "first_loss": losses[0],
@@ -346,7 +348,7 @@ def test_ring_trainer_use_gpu_trains_on_the_gpu_ray_assigned(ray_cluster, tmp_pa
 
 
 def _executor_gpu_facts() -> dict:
-    import ringcore._runtime
+    import ringcore.launch
     import ringcore.torch as hvd
 
     hvd.init()
@@ -356,7 +358,7 @@ def _executor_gpu_facts() -> dict:
         "sum": t.tolist(),
         "size": hvd.size(),
         "current": torch.cuda.current_device(),
-        "backend": ringcore._runtime.backend_name(),
+        "backend": ringcore.launch.backend_name(),
         "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "ray_gpu_ids": [str(i) for i in ray.get_gpu_ids()],
     }

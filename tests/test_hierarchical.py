@@ -29,9 +29,9 @@ pytestmark = [
 _SCRIPT = """
 import json
 import torch, torch.distributed as dist
-import ringcore._state as st
+from ringcore.runtime import state as st
 import ringcore.torch as hvd
-from ringcore._reduction import average_
+from ringcore.engine.reduction import average_
 
 hvd.init()
 r, n = hvd.rank(), hvd.size()

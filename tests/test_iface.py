@@ -8,8 +8,9 @@ import socket
 
 import pytest
 
-from ringcore import _iface, topology_from_hosts
-from ringcore._topology import host_major_order
+from ringcore import topology_from_hosts
+from ringcore.rendezvous import iface as _iface
+from ringcore.rendezvous.topology import host_major_order
 
 IFACES = {"lo": "127.0.0.1", "eth0": "198.18.0.11", "docker0": "172.17.0.1"}
 

@@ -14,7 +14,9 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from estimators import RingEstimator, RingModel, Store, demo, read_tensorboard_scalars
+from _digits import demo
+
+from estimators import RingEstimator, RingModel, Store, read_tensorboard_scalars
 
 SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 
@@ -126,7 +128,7 @@ def test_keras_estimator_learns_the_digits_on_two_ranks(fitted):
 @pytest.mark.spark
 @pytest.mark.timeout(240)
 def test_checkpoint_callback_picks_the_model_fit_returns_and_custom_objects_load_it(fitted):
-    from estimators._train_keras import model_from_bytes, model_to_bytes
+    from estimators.frameworks.keras._model_io import model_from_bytes, model_to_bytes
 
     model, store, _ = fitted
     history = model.getHistory()
@@ -171,8 +173,8 @@ def test_keras_ring_model_saves_loads_and_transforms_alike(fitted, tmp_path):
 def test_a_compiled_keras_model_brings_its_optimizer_loss_and_metrics(spark, tmp_path):
     import keras
 
-    from estimators._config import resolve_config
-    from estimators._train_keras import keras_worker
+    from estimators.fit._resolve import resolve_config
+    from estimators.frameworks.keras._spec import keras_spec
 
     df = demo.digits_frame(spark).limit(40)
     compiled = _keras_model()
@@ -190,7 +192,7 @@ def test_a_compiled_keras_model_brings_its_optimizer_loss_and_metrics(spark, tmp
     class Data:
         train_path, val_path, steps_per_epoch = "unused", None, 1
 
-    _, (spec,) = keras_worker(cfg, Data())
+    spec = keras_spec(cfg, Data())
     import cloudpickle
 
     optimizer, loss, metrics = cloudpickle.loads(spec.compile_objects)
@@ -201,7 +203,7 @@ def test_a_compiled_keras_model_brings_its_optimizer_loss_and_metrics(spark, tmp
     assert spec.prefetch == 3 and cloudpickle.loads(spec.custom_objects) == {}
     assert spec.checkpoint_callback == b""
     with pytest.raises(ValueError, match=r"checkpoint_callback takes a keras.*ModelCheckpoint"):
-        keras_worker(resolve_config(est.setCheckpointCallback(object()), df), Data())
+        resolve_config(est.setCheckpointCallback(object()), df)  # before any job
     bare = RingEstimator(model=_keras_model(), feature_cols=["features"], label_cols=["label"])
     with pytest.raises(ValueError, match="no optimizer"):
         resolve_config(bare, df)
@@ -261,7 +263,7 @@ def test_a_keras_fit_resumed_on_two_ranks_goes_on_at_epoch_2_to_the_uninterrupte
 def test_the_workers_tf_data_pipeline_prefetches_the_knobs_batches(prefetch):
     from types import SimpleNamespace
 
-    from estimators._train_keras import _dataset
+    from estimators.frameworks.keras._data import dataset
 
     spec = SimpleNamespace(
         transformation_fn=None,
@@ -271,10 +273,10 @@ def test_the_workers_tf_data_pipeline_prefetches_the_knobs_batches(prefetch):
         prefetch=prefetch,
     )
     batches = iter([{"x": np.ones((4, 2)), "y": np.zeros(4)}] * 3)
-    dataset = _dataset(spec, batches)
-    buffer = getattr(dataset, "_buffer_size", None)  # tf.data's PrefetchDataset holds it
+    pipeline = dataset(spec, batches)
+    buffer = getattr(pipeline, "_buffer_size", None)  # tf.data's PrefetchDataset holds it
     assert (None if buffer is None else int(buffer)) == (prefetch or None)
-    assert [x.shape for x, _ in dataset.take(2)] == [(4, 2), (4, 2)]
+    assert [x.shape for x, _ in pipeline.take(2)] == [(4, 2), (4, 2)]
 
 
 @pytest.mark.parametrize(("steps", "batches"), [(None, [8, 8, 4]), (2, [8, 8])])
@@ -289,7 +291,7 @@ def test_keras_validation_is_a_dataset_streamed_from_the_store_each_evaluation(
     import pyarrow.parquet as pq
     import tensorflow as tf
 
-    from estimators._train_keras import _validation
+    from estimators.frameworks.keras._data import validation_dataset
 
     (tmp_path / "val").mkdir()
     x = np.arange(40, dtype=np.float32).reshape(20, 2)
@@ -300,7 +302,7 @@ def test_keras_validation_is_a_dataset_streamed_from_the_store_each_evaluation(
         sample_weight_col=None, transformation_fn=None, reader="arrow", val_batch_size=8,
         val_steps=steps, val_reader_workers=2, reader_pool="thread",
     )  # fmt: skip
-    val = _validation(spec, str(tmp_path / "val"), 0, 1)
+    val = validation_dataset(spec, str(tmp_path / "val"), 0, 1)
     assert isinstance(val, tf.data.Dataset)
     for _ in range(2):  # two epochs' evaluations: the same rows, read afresh
         seen = [(xb.numpy(), yb.numpy()) for xb, yb in val]

@@ -17,17 +17,33 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # package -> top-level modules it must never import (anywhere in its files)
 FORBIDDEN = {
-    "ringcore": {"pyspark", "ray", "estimators", "spark_runner", "ray_runner", "tensorflow"},
+    "ringcore": {
+        "pyspark",
+        "ray",
+        "estimators",
+        "spark_runner",
+        "ray_runner",
+        "tensorflow",
+        "keras",
+    },
     "spark_runner": {"ray", "ray_runner", "estimators"},
     "ray_runner": {"pyspark", "estimators", "spark_runner"},
     "estimators": {"ray", "ray_runner"},
 }
 # ringcore's framework bindings may import their own framework
-ALLOWED = {("ringcore", "tensorflow"): ("ringcore/tensorflow", "ringcore/keras")}
+ALLOWED = {
+    ("ringcore", "tensorflow"): ("ringcore/tensorflow", "ringcore/keras"),
+    ("ringcore", "keras"): ("ringcore/tensorflow", "ringcore/keras"),
+}
 
 
-def _imports(path: pathlib.Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
+def _imports(source: pathlib.Path | ast.AST) -> set[str]:
+    """The top-level modules ``source`` (a file, or a syntax tree) imports, anywhere in it."""
+    tree = (
+        ast.parse(source.read_text(), filename=str(source))
+        if isinstance(source, pathlib.Path)
+        else source
+    )
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -56,13 +72,30 @@ CLIENTS = ("estimators", "spark_runner", "ray_runner", "notebooks", "bench", "to
 EXCEPTIONS = {
     # the --stages profiler times one op inside the engine's own methods: it wraps the
     # backend the engine holds, which only the engine's state reaches
-    ("bench/control_path.py", "ringcore._state"),
+    ("bench/control_path.py", "ringcore.runtime.state"),
+}
+
+
+# a package's public modules, where its other subpackages are private rooms
+# (ringcore.runtime, ringcore.engine, ...: the launchers' door is ringcore.launch)
+PUBLIC_MODULES = {
+    "ringcore": {"torch", "tensorflow", "keras", "data", "launch", "testing", "progress"}
 }
 
 
 def _private(dotted: str) -> bool:
-    """True when a dotted name goes through an underscore part (``ringcore._config``)."""
-    return any(part.startswith("_") and not part.startswith("__") for part in dotted.split("."))
+    """True when a dotted name goes through an underscore part (``ringcore._config``) or
+    into a package's private room (``ringcore.runtime.state``)."""
+    parts = dotted.split(".")
+    if any(part.startswith("_") and not part.startswith("__") for part in parts):
+        return True
+    public = PUBLIC_MODULES.get(parts[0])
+    return (
+        public is not None
+        and len(parts) > 1
+        and parts[1] not in public
+        and (ROOT / parts[0] / parts[1]).is_dir()
+    )
 
 
 def _private_reaches(tree: ast.AST, own: str) -> list[str]:
@@ -118,9 +151,13 @@ def test_no_code_imports_another_packages_private_modules(folder):
         ("from ringcore import _config as cfg", "ray_runner", 1),
         ("import ringcore\nringcore._runtime.backend_name()", "bench", 1),
         ("from ringcore.torch._optimizer import x", "tools", 1),
+        ("from ringcore.runtime.state import engine", "bench", 1),
+        ("from ringcore.engine import engine", "tools", 1),
+        ("import ringcore.backends.registry as r", "notebooks", 1),
         ("from ._slots import wait_for_slots", "spark_runner", 0),
         ("from spark_runner._slots import x", "spark_runner", 0),
         ("from ringcore.launch import get_float\nfrom ringcore import __version__", "bench", 0),
+        ("from ringcore import init, data\nimport ringcore.torch as hvd", "estimators", 0),
     ],
 )
 def test_the_private_import_check_sees_every_spelling(code, own, hits):
@@ -128,11 +165,44 @@ def test_the_private_import_check_sees_every_spelling(code, own, hits):
 
 
 def test_import_ringcore_pulls_in_no_engine_and_no_framework():
+    """torch is the core's tensor type (engine/, backends/, shm/ and the bindings import
+    it), but only once a job starts: the public modules a launcher or a driver imports
+    load no framework, nor Spark, Ray or Petastorm."""
     code = (
-        "import sys, json, ringcore, ringcore.testing, ringcore.data\n"
+        "import sys, json, ringcore, ringcore.launch, ringcore.testing, ringcore.data\n"
         "print(json.dumps(sorted(m for m in ('pyspark', 'ray', 'petastorm', 'tensorflow', 'torch') if m in sys.modules)))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True
     )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+# torch is the core's tensor type: the rooms that move tensors import it when they load;
+# the others only inside the functions that run once a job starts
+TORCH_AT_LOAD = ("engine", "backends", "shm", "torch", "tensorflow")
+
+
+def _imports_torch_at_load(tree: ast.Module) -> bool:
+    """True when a module-level statement (not under ``if TYPE_CHECKING:``) imports torch."""
+    pending = list(tree.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.If):
+            if not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+                pending += node.body + node.orelse
+        elif isinstance(node, ast.Try):
+            pending += node.body + node.orelse + node.finalbody
+            pending += [stmt for handler in node.handlers for stmt in handler.body]
+        elif isinstance(node, ast.Import | ast.ImportFrom) and "torch" in _imports(node):
+            return True
+    return False
+
+
+def test_torch_is_imported_on_load_only_by_the_rooms_that_move_tensors():
+    loads = sorted(
+        path.relative_to(ROOT / "ringcore").as_posix()
+        for path in (ROOT / "ringcore").rglob("*.py")
+        if _imports_torch_at_load(ast.parse(path.read_text()))
+    )
+    assert loads and all(p.split("/")[0] in TORCH_AT_LOAD for p in loads), loads

@@ -33,14 +33,18 @@ import cloudpickle
 import numpy as np
 import pytest
 import torch
+from _digits import demo
 
-from estimators import Callback, RingEstimator, Store, demo, read_tensorboard_scalars
-from estimators._lightning import LIGHTNING_PARAMS, lightning_values, refuse_lightning_params
+from estimators import Callback, RingEstimator, Store, read_tensorboard_scalars
 from estimators._params import ESTIMATOR_PARAMS
+from estimators.fit._resolve import param_values, refuse_foreign_params
+from estimators.frameworks import get_framework
+from estimators.frameworks.lightning._trainer_args import LIGHTNING_PARAMS
 from ringcore import WorkerError
 from ringcore.testing import run_workers
 
 SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
+SEED = demo.SEED  # what the workers' modules use: they cannot import the demo script
 
 # --- RingStrategy on two ranks, against one process on the whole batch ---------------------
 
@@ -94,7 +98,7 @@ def _two_ranks(packages: list[str]) -> dict:
     import importlib
 
     import ringcore.torch as hvd
-    from estimators._lightning_strategy import lightning_package, ring_strategy
+    from estimators.frameworks.lightning._strategy import lightning_package, ring_strategy
 
     hvd.init()
     rank, (x, y) = hvd.rank(), _data()
@@ -142,7 +146,7 @@ def _accumulated(rank: int, x: torch.Tensor, y: torch.Tensor) -> dict:
     """accumulate_grad_batches=2: the ring averages once per optimizer step."""
     import lightning.pytorch as pl
 
-    from estimators import _lightning_strategy
+    from estimators.frameworks.lightning import _strategy as _lightning_strategy
 
     calls = []
     average = _lightning_strategy.average_gradients
@@ -258,7 +262,7 @@ def _digits_probe(out: str, clip: float):
     class Probe(pl.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            torch.manual_seed(demo.SEED)
+            torch.manual_seed(SEED)
             self.net = torch.nn.Sequential(
                 torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
             )
@@ -420,7 +424,7 @@ def _two_optimizers(out: str):
         def __init__(self) -> None:
             super().__init__()
             self.automatic_optimization = False
-            torch.manual_seed(demo.SEED)
+            torch.manual_seed(SEED)
             self.encoder = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU())
             self.head = torch.nn.Linear(16, 10)
 
@@ -663,5 +667,6 @@ def test_the_lightning_params_and_their_unset_values_are_the_tables():
     horovod_defaults = RingEstimator(
         trainer_args=None, logger=None, log_every_n_steps=50, terminate_on_nan=False, profiler=None
     )
-    assert lightning_values(horovod_defaults) == LIGHTNING_PARAMS
-    refuse_lightning_params("torch", lightning_values(horovod_defaults))
+    values = param_values(horovod_defaults)
+    assert {name: values[name] for name in LIGHTNING_PARAMS} == LIGHTNING_PARAMS
+    refuse_foreign_params(values, get_framework("torch"))  # nothing set: nothing refused

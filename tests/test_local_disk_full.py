@@ -20,7 +20,7 @@ import pytest
 from _reliability import record
 
 from estimators import FsspecStore
-from estimators._store import LocalDiskFullError
+from estimators.store import LocalDiskFullError
 
 SMALL_DISK = 128 * 1024  # bytes: the training data below is several times this
 

@@ -497,7 +497,9 @@ def test_run_elastic_across_two_hosts_numbers_ranks_host_by_host(cluster, spark_
 def test_ring_estimator_fits_and_transforms_across_two_hosts(
     cluster, spark_on_two_hosts, tmp_path, url
 ):
-    from estimators import Store, demo
+    from _digits import demo
+
+    from estimators import Store
 
     spark, logs = spark_on_two_hosts
     # a directory every host sees (the namespaces share the file system, as an NFS

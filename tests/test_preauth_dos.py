@@ -22,7 +22,7 @@ import pytest
 from _reliability import record
 
 from ringcore._auth import AuthenticationError, verify
-from ringcore._wire import HANDSHAKE_MAX, Channel, _refuse_deep_nesting, accept_handshake
+from ringcore.engine.wire import HANDSHAKE_MAX, Channel, _refuse_deep_nesting, accept_handshake
 from spark_runner._logserver import MAX_HANDSHAKES, LogServer
 from spark_runner._output import LogConnection
 

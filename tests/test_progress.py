@@ -12,9 +12,10 @@ import time
 import _spark
 import pytest
 import torch
+from _digits import demo
 
 import spark_runner
-from estimators import RingEstimator, Store, demo
+from estimators import RingEstimator, Store
 from ringcore.progress import ProgressDisplay, format_progress, progress_enabled
 from spark_runner import _run as spark_run
 

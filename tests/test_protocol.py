@@ -9,24 +9,26 @@ from typing import Any
 import pytest
 import torch
 
-from ringcore._protocol import (
+from ringcore.engine.messages import (
+    Abort,
+    Goodbye,
+    JoinRequest,
+    RequestBatch,
+    ResponseBatch,
+    decode_message,
+)
+from ringcore.engine.protocol import (
     AGREE_FIELDS,
     DEFAULT_ROOT,
-    Abort,
     CachedId,
     CachedRequest,
     Entry,
-    Goodbye,
-    JoinRequest,
     Request,
-    RequestBatch,
-    ResponseBatch,
     ResponseItem,
-    decode_message,
     decode_request,
     disagreement,
 )
-from ringcore._reduction import average_
+from ringcore.engine.reduction import average_
 
 
 def _through_json(wire: dict) -> dict:
@@ -208,8 +210,9 @@ def test_shapes_may_differ_only_in_the_first_dimension_for_allgather():
 
 def test_every_builder_uses_one_default_root(monkeypatch):
     """The tensor ops and the process-set changes once sent different roots (-1 and 0)."""
-    from ringcore import _process_sets, _state
-    from ringcore.torch import _collectives
+    from ringcore.runtime import process_sets as _process_sets
+    from ringcore.runtime import state as _state
+    from ringcore.torch import _async
 
     sent: list[Request] = []
 
@@ -224,7 +227,7 @@ def test_every_builder_uses_one_default_root(monkeypatch):
 
     monkeypatch.setattr(_state, "engine", lambda: _Engine())
     _process_sets._control_op("ps_add", ranks=(0,))
-    sent.append(_collectives._request("allgather", "x", torch.zeros(2), 0))
+    sent.append(_async._request("allgather", "x", torch.zeros(2), 0))
     assert [r.root for r in sent] == [DEFAULT_ROOT, DEFAULT_ROOT]
     assert Request("x", "barrier").root == DEFAULT_ROOT
 

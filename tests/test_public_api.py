@@ -85,6 +85,8 @@ PUBLIC = {
         "worker_env",
     },
     "ringcore.launch": {
+        "Backend",
+        "Connection",
         "CROSS_RANK_ENV_VAR",
         "CROSS_SIZE_ENV_VAR",
         "DEFAULT_ELASTIC_TIMEOUT_S",
@@ -130,6 +132,7 @@ PUBLIC = {
         "nic_names",
         "nics_env",
         "pin_gpu",
+        "register_backend",
         "start_store_server",
         "stop_store_server",
         "verify",

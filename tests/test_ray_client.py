@@ -260,7 +260,7 @@ def test_elastic_fit_over_ray_client_is_refused_naming_the_fix_before_any_worker
 
 @pytest.mark.timeout(60)
 def test_run_folder_that_the_cluster_cannot_see_is_refused_under_ray_client(client, tmp_path):
-    from ray_runner._trainer import check_visible_on_cluster
+    from ray_runner._cluster import check_visible_on_cluster
 
     check_visible_on_cluster(str(tmp_path))  # the same machine: visible, no error
     assert list(tmp_path.iterdir()) == []  # the marker is removed
@@ -268,13 +268,13 @@ def test_run_folder_that_the_cluster_cannot_see_is_refused_under_ray_client(clie
     # cluster-side look-up (our seam, run as a real Ray task) answers "not there".
     gone = tmp_path / "driver_only"
     gone.mkdir()
-    import ray_runner._trainer as trainer_mod
+    import ray_runner._cluster as cluster_mod
 
-    real = trainer_mod._sees_marker
+    real = cluster_mod._sees_marker
     try:
-        trainer_mod._sees_marker = lambda path: False
+        cluster_mod._sees_marker = lambda path: False
         with pytest.raises(RingError, match=r"not visible on the cluster") as info:
             check_visible_on_cluster(str(gone))
     finally:
-        trainer_mod._sees_marker = real
+        cluster_mod._sees_marker = real
     assert "storage_path" in str(info.value) and str(gone) in str(info.value)

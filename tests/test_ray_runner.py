@@ -317,7 +317,7 @@ def test_trainer_rejects_datasets_that_are_not_ray_datasets():
 
 
 def test_cuda_visible_devices_lists_every_gpu_of_the_workers_node():
-    from ray_runner._executor import cuda_visible_devices
+    from ray_runner._cluster import cuda_visible_devices
 
     assert cuda_visible_devices(["a", "a", "b", "b"], [[1], [0], ["3"], [2]]) == [
         "0,1",

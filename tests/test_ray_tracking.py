@@ -17,7 +17,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 pytest.importorskip("tensorboardX")
 
-from estimators._tensorboard import read_scalars  # noqa: E402
+from estimators.tracking._tensorboard import read_scalars  # noqa: E402
 from ray_runner import (  # noqa: E402
     Checkpoint,
     MLflowLoggerCallback,

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from _servers import free_port
 
-from ringcore._store_server import host_store, hosted_store, stop_store_server
+from ringcore.rendezvous.store_server import host_store, hosted_store, stop_store_server
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -46,7 +46,7 @@ def _since(tmp: str, what: str = "fault_at") -> float:
 def _inside_next_backend_allreduce(action) -> None:
     """Seam: this rank's engine runs ``action()`` inside its next backend allreduce, i.e.
     once the coordinator has scheduled the op, just before the backend (Gloo) runs it."""
-    import ringcore._state as st
+    from ringcore.runtime import state as st
 
     backend = st.engine().backend
     real = backend.allreduce
@@ -269,9 +269,9 @@ def _oversized_message_worker(tmp: str):
 
     import torch
 
-    import ringcore._state as st
     import ringcore.torch as hvd
-    from ringcore._wire import MAX_MESSAGE
+    from ringcore.engine.wire import MAX_MESSAGE
+    from ringcore.runtime import state as st
 
     hvd.init()
     r = hvd.rank()
@@ -310,7 +310,7 @@ def _oversized_message_worker(tmp: str):
 )
 @pytest.mark.timeout(180)
 def test_an_oversized_control_message_is_refused_clearly_and_never_hangs(tmp_path, request):
-    from ringcore._wire import MAX_MESSAGE
+    from ringcore.engine.wire import MAX_MESSAGE
 
     res = run_workers(
         _oversized_message_worker,

@@ -46,7 +46,7 @@ def _hold_rank_1_until(go: Path, addr_file: Path) -> list[str]:
     """Seam: rank 0 publishes the coordinator's address, rank 1 connects only once the
     test says go (so the rogue client is at the port before the job is complete).
     Returns the list every executed response name is recorded into."""
-    import ringcore._engine as eng
+    from ringcore.engine import engine as eng
 
     executed: list[str] = []
     orig_init, orig_execute = eng.Engine.__init__, eng.Engine._execute
@@ -63,7 +63,7 @@ def _hold_rank_1_until(go: Path, addr_file: Path) -> list[str]:
         orig_init(self, backend, rank, size, addr, *args, **kwargs)
 
     def execute(self, item):
-        executed.extend(e.get("n", "?") for e in item.get("e", []))
+        executed.extend(e.name or "?" for e in item.entries)
         return orig_execute(self, item)
 
     eng.Engine.__init__ = init  # type: ignore[method-assign]
@@ -74,8 +74,8 @@ def _hold_rank_1_until(go: Path, addr_file: Path) -> list[str]:
 def _rogue_target_worker(tmp: str):
     import torch
 
-    import ringcore._runtime as rt
     import ringcore.torch as hvd
+    from ringcore.runtime import state as rt
 
     executed = _hold_rank_1_until(Path(tmp, "go"), Path(tmp, "addr"))
     hvd.init()
@@ -92,7 +92,7 @@ def _rogue_target_worker(tmp: str):
             out["late_connect"] = "accepted"
         except OSError as exc:
             out["late_connect"] = type(exc).__name__
-        out["refused"] = rt._state.coordinator.refused
+        out["refused"] = rt.current.coordinator.refused
     out["size"] = n
     out["executed"] = executed
     return out
@@ -252,8 +252,8 @@ def _leak_worker(secret: str, store_port: int):
     import torch
     import torch.distributed as dist
 
-    import ringcore._runtime as rt
     import ringcore.torch as hvd
+    from ringcore.runtime import state as rt
 
     records: list[logging.LogRecord] = []
 
@@ -275,8 +275,12 @@ def _leak_worker(secret: str, store_port: int):
             hvd.init()
             r = hvd.rank()
             if fallback and r == 0:
-                secrets_seen.append(rt._state.coordinator._secret)
-            texts += [repr(rt._state), repr(rt._state.engine.channel), repr(rt._state.coordinator)]
+                secrets_seen.append(rt.current.coordinator._secret)
+            texts += [
+                repr(rt.current),
+                repr(rt.current.engine.channel),
+                repr(rt.current.coordinator),
+            ]
             x = hvd.allreduce(torch.ones(2), op=hvd.Sum, name="ok")
             assert x.tolist() == [2.0, 2.0]
             try:  # an error message that goes through every layer
@@ -350,7 +354,7 @@ def _launcher_secrets() -> list[str]:
     import gc
 
     ring = os.environ["RING_SECRET_KEY"]
-    # init() froze the heap for the collector (ringcore._gc), and gc.get_objects() lists
+    # init() froze the heap for the collector (ringcore.runtime.heap), and gc.get_objects() lists
     # only what is not frozen: the task's spec, made before init(), is frozen
     frozen = gc.get_freeze_count()
     gc.unfreeze()
@@ -593,7 +597,7 @@ def test_the_secrets_of_a_ray_job_never_appear_in_actor_output_failures_or_the_r
 
 
 def _pair(server_secret: str, client_secret: str):
-    from ringcore._wire import accept_handshake, connect_handshake
+    from ringcore.engine.wire import accept_handshake, connect_handshake
 
     listener = socket.create_server(("127.0.0.1", 0))
     got: dict = {}

@@ -1,4 +1,4 @@
-"""The shared-memory data plane (``ringcore._shm``) on 2 and 3 real local ranks.
+"""The shared-memory data plane (``ringcore.shm``) on 2 and 3 real local ranks.
 
 Worker functions create the :class:`ShmGroup` directly over the job's TCPStore on
 127.0.0.1 (``run_workers`` hosts it). Each op's result is checked in the worker
@@ -22,10 +22,10 @@ import torch
 
 from ringcore import CollectiveMismatchError, RingError, WorkerError
 from ringcore._ops import ReduceOp
-from ringcore._shm import ShmGroup, shm_enabled
-from ringcore._shm import _split as split_ranges
-from ringcore._shm_reduce import resolve
-from ringcore._shm_segment import Layout
+from ringcore.shm.group import ShmGroup, shm_enabled
+from ringcore.shm.group import _split as split_ranges
+from ringcore.shm.reduce import resolve
+from ringcore.shm.segment import Layout
 from ringcore.testing import run_workers
 
 SLOT = 4096

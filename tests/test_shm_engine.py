@@ -1,4 +1,4 @@
-"""The engine's shared-memory data plane (``ringcore._shm_backend``) on 2, 3 and 4 real
+"""The engine's shared-memory data plane (``ringcore.shm.layer``) on 2, 3 and 4 real
 ranks of one host.
 
 One launch per rank count runs a matrix of every collective x dtype through the
@@ -21,7 +21,7 @@ import uuid
 import pytest
 
 from ringcore import WorkerError
-from ringcore._shm_backend import plan
+from ringcore.shm.layer import plan
 from ringcore.testing import run_workers
 
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64", "uint8", "int8", "bool")
@@ -96,9 +96,9 @@ def _out_of_order(hvd, torch) -> dict:
 def _run_matrix(shm: str) -> tuple[dict, dict]:
     import torch
 
-    import ringcore._state as st
     import ringcore.torch as hvd
-    from ringcore._shm_backend import ShmBackend
+    from ringcore.runtime import state as st
+    from ringcore.shm.layer import ShmBackend
 
     ShmBackend.slot_bytes = 16 << 10
     os.environ["RING_SHM"] = shm
@@ -202,9 +202,9 @@ def test_a_rank_sigkilled_in_an_shm_allreduce_fails_the_other_fast_and_leaves_no
 def _no_room_worker() -> dict:
     import torch
 
-    import ringcore._state as st
     import ringcore.torch as hvd
-    from ringcore._shm import ShmGroup
+    from ringcore.runtime import state as st
+    from ringcore.shm.group import ShmGroup
 
     records: list[str] = []
 

@@ -19,9 +19,9 @@ from _other_user import SHM, collect, fork_as, needs_root, plant
 from _reliability import record
 
 from ringcore import RingError
-from ringcore._shm import ShmGroup
-from ringcore._shm_segment import segment_name
-from ringcore._shm_sync import PID, Sync
+from ringcore.shm.group import ShmGroup
+from ringcore.shm.segment import segment_name
+from ringcore.shm.sync import PID, Sync
 
 
 def _uid() -> str:
@@ -73,7 +73,7 @@ def test_a_stream_of_wake_ups_cannot_keep_a_waiter_past_its_timeout(request):
 _CREATOR = """
 import sys
 from torch.distributed import HashStore
-from ringcore._shm import ShmGroup
+from ringcore.shm.group import ShmGroup
 ShmGroup.create(HashStore(), sys.argv[1], 0, 2, timeout_s=60.0)  # waits for local rank 1
 """
 

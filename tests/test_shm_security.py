@@ -28,9 +28,9 @@ import torch
 from _other_user import NOBODY, SHM, collect, fork_as, needs_root, plant
 from _reliability import record
 
-from ringcore._shm import ShmGroup
-from ringcore._shm_files import Unusable, open_dir, open_segment
-from ringcore._shm_segment import Layout, segment_name
+from ringcore.shm.files import Unusable, open_dir, open_segment
+from ringcore.shm.group import ShmGroup
+from ringcore.shm.segment import Layout, segment_name
 from ringcore.testing import run_workers
 
 
@@ -92,9 +92,9 @@ def _after_rank_1(prefix: str, free_space):
 
 
 def _one_init(prefix: str, case: str) -> dict:
-    import ringcore._state as st
     import ringcore.torch as hvd
-    from ringcore._shm_backend import ShmBackend
+    from ringcore.runtime import state as st
+    from ringcore.shm.layer import ShmBackend
 
     rank = int(os.environ["RING_RANK"])
     layout = Layout(2, ShmBackend.slot_bytes)

@@ -16,7 +16,8 @@ import pytest
 
 import spark_runner
 from ringcore import RingError, WorkerError
-from spark_runner._connect import CHUNK_BYTES, is_connect
+from spark_runner import is_connect
+from spark_runner._connect import CHUNK_BYTES
 
 pytestmark = pytest.mark.spark
 

@@ -300,7 +300,7 @@ def test_a_fit_through_an_fsspec_file_url_store_trains_and_loads_past_a_torn_che
 
 
 def test_workers_read_a_remote_store_in_place_unless_it_asks_for_a_local_copy(tmp_path):
-    from estimators._readers import data_paths
+    from estimators.data._readers import data_paths
 
     data = tmp_path / "store" / "intermediate_train_data.0"
     data.mkdir(parents=True)

@@ -9,7 +9,7 @@ import pytest
 import ringcore
 from ringcore import RendezvousError, Topology, WorkerError, topology_from_hosts
 from ringcore._ops import ReduceOp, resolve_op
-from ringcore._rendezvous import read_environment
+from ringcore.rendezvous.environment import read_environment
 
 
 def test_topology_from_hosts_gives_local_ranks_in_rank_order_per_host():

@@ -8,9 +8,10 @@ import time
 import _spark
 import pytest
 import torch
+from _digits import demo
 
-from estimators import Callback, RingEstimator, Store, demo
-from estimators._tensorboard import ScalarWriter, read_scalars, read_tensorboard_scalars
+from estimators import Callback, RingEstimator, Store
+from estimators.tracking._tensorboard import ScalarWriter, read_scalars, read_tensorboard_scalars
 
 SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 

@@ -74,7 +74,7 @@ SHIM = {
 
         from packaging import version as _version
 
-        from ringcore import _capabilities as _caps
+        import ringcore as _caps
 
 
         def gloo_built(verbose=False):

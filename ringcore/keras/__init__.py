@@ -18,18 +18,22 @@ from ..tensorflow._bridge import tf as _tf  # noqa: F401
 
 import keras
 
-from .._capabilities import gloo_built, gloo_enabled, mpi_built, mpi_enabled, nccl_built
 from .._ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
-from .._process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-from .._runtime import (
+from ..runtime.capabilities import gloo_built, gloo_enabled, mpi_built, mpi_enabled, nccl_built
+from ..runtime.lifecycle import init, shutdown
+from ..runtime.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+from ..runtime.state import (
     cross_rank,
     cross_size,
-    init,
     is_initialized,
     local_rank,
     local_size,
     rank,
-    shutdown,
     size,
 )
 from ..tensorflow import (
@@ -45,6 +49,11 @@ from ..tensorflow import (
     reducescatter,
 )
 from ..tensorflow._compression import Compression
+from ..tensorflow._keras_optimizer import (
+    DistributedOptimizer,
+    PartialDistributedOptimizer,
+    wrap_in_place,
+)
 from . import callbacks, elastic
 from ._callbacks import (
     BestModelCheckpoint,
@@ -54,7 +63,6 @@ from ._callbacks import (
     MetricAverageCallback,
     model_variables,
 )
-from ._optimizer import DistributedOptimizer, PartialDistributedOptimizer, wrap_in_place
 
 __all__ = [
     "Adasum",

@@ -7,8 +7,8 @@ from typing import Any
 import keras
 import numpy as np
 
-from .. import _runtime
 from .._ops import Max
+from ..runtime import state as _state
 from ..tensorflow._bridge import tf
 from ..tensorflow._collectives import allreduce
 from ..tensorflow._training import broadcast_variables, variable_key
@@ -76,7 +76,7 @@ class MetricAverageCallback(keras.callbacks.Callback):
         super().__init__()
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        if logs is None or _runtime.size() == 1:
+        if logs is None or _state.size() == 1:
             return
         names = sorted(k for k, v in logs.items() if np.ndim(v) == 0 and _is_number(v))
         if not names:
@@ -158,7 +158,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         verbose: int = 0,
     ):
         def multiplier(epoch: float) -> float:
-            n = _runtime.size()
+            n = _state.size()
             return 1.0 / n * (epoch * (n - 1) / warmup_epochs + 1)
 
         super().__init__(
@@ -212,5 +212,5 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
         super().on_train_begin(logs)
 
     def _save_model(self, *args: Any, **kwargs: Any) -> None:
-        if not _runtime.is_initialized() or _runtime.rank() == 0:
+        if not _state.is_initialized() or _state.rank() == 0:
             super()._save_model(*args, **kwargs)

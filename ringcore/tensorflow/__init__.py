@@ -6,7 +6,9 @@ works in eager mode and inside ``tf.function``. Needs TensorFlow:
 ``pip install 'ringtrain[tensorflow]'``.
 """
 
-from .._capabilities import (
+from .._errors import CollectiveMismatchError, HorovodInternalError, RingError, RingInternalError
+from .._ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from ..runtime.capabilities import (
     ccl_built,
     cuda_built,
     ddl_built,
@@ -18,22 +20,22 @@ from .._capabilities import (
     nccl_built,
     rocm_built,
 )
-from .._errors import CollectiveMismatchError, HorovodInternalError, RingError, RingInternalError
-from .._ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
-from .._process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-from .._runtime import (
+from ..runtime.lifecycle import init, shutdown, start_timeline, stop_timeline
+from ..runtime.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+from ..runtime.state import (
     cross_rank,
     cross_size,
-    init,
     is_homogeneous,
     is_initialized,
     local_rank,
     local_size,
     rank,
-    shutdown,
     size,
-    start_timeline,
-    stop_timeline,
 )
 from . import elastic
 from ._bridge import tf as _tf  # noqa: F401  (raises the ImportError naming the extra)

@@ -1,6 +1,6 @@
 """How TensorFlow tensors reach the engine, and how ops run inside ``tf.function``.
 
-The engine (``ringcore._engine``) runs on torch tensors over Gloo. A TensorFlow CPU
+The engine (``ringcore.engine``) runs on torch tensors over Gloo. A TensorFlow CPU
 tensor crosses to torch through DLPack, which shares the buffer (no copy); the
 result crosses back the same way. The copies that remain:
 

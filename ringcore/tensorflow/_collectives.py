@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from .. import _runtime
+from .. import torch as C
 from .._ops import ReduceOp, resolve_op
-from .._process_sets import ProcessSet, check_process_set, global_process_set
-from ..torch import _collectives as C
+from ..runtime import state as _state
+from ..runtime.process_sets import ProcessSet, check_process_set, global_process_set
 from ._bridge import run_op, tf, to_tf, to_torch
 from ._compression import Compression
 
@@ -274,7 +274,7 @@ def allgather(
 
 def _check_root(root_rank: int, process_set: ProcessSet) -> None:
     ps = process_set or global_process_set
-    members = ps.ranks if ps.ranks is not None else list(range(_runtime.size()))
+    members = ps.ranks if ps.ranks is not None else list(range(_state.size()))
     if root_rank not in members:
         raise ValueError(
             f"broadcast root_rank={root_rank} is not a rank of {ps!r} (ranks {list(members)})"
@@ -306,7 +306,7 @@ def broadcast(
     def fn(x):
         def grad(dy):
             reduced = _allreduce_raw(dy, ReduceOp.Average, 1.0, 1.0, process_set, None)
-            return reduced if _runtime.rank() == root_rank else reduced * 0
+            return reduced if _state.rank() == root_rank else reduced * 0
 
         return _broadcast_raw(x, root_rank, process_set, name), grad
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._ops import ReduceOp
-from .._process_sets import ProcessSet, global_process_set
+from ..runtime.process_sets import ProcessSet, global_process_set
 from ._collectives import allgather, reducescatter
 from ._compression import Compression
 

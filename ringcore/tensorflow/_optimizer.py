@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import keras
+
 from .._ops import ReduceOp
-from .._process_sets import ProcessSet, global_process_set
+from ..runtime.process_sets import ProcessSet, global_process_set
 from ._bridge import tf
 from ._compression import Compression
+from ._keras_optimizer import DistributedOptimizer as keras_distributed
 from ._training import GradientReducer
 
 __all__ = ["DistributedOptimizer"]
@@ -61,11 +64,7 @@ def DistributedOptimizer(
 ) -> Any:
     """Horovod's ``hvd.DistributedOptimizer`` for TensorFlow: gradients are averaged
     over the ranks before they are applied."""
-    import keras
-
     if isinstance(optimizer, keras.optimizers.Optimizer):
-        from ..keras import DistributedOptimizer as keras_distributed
-
         return keras_distributed(
             optimizer,
             name=name,

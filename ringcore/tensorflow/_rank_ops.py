@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _runtime
-from .._process_sets import ProcessSet, global_process_set
+from ..runtime import state as _state
+from ..runtime.process_sets import ProcessSet, global_process_set
 from ._bridge import tf
 
 __all__ = [
@@ -24,12 +24,12 @@ def _constant(value: int, name: str | None) -> Any:
 
 def rank_op(name: str | None = None) -> Any:
     """This process's rank, as an int32 tensor."""
-    return _constant(_runtime.rank(), name)
+    return _constant(_state.rank(), name)
 
 
 def local_rank_op(name: str | None = None) -> Any:
     """This process's rank on its host, as an int32 tensor."""
-    return _constant(_runtime.local_rank(), name)
+    return _constant(_state.local_rank(), name)
 
 
 def size_op(process_set_id: int = 0, name: str | None = None) -> Any:
@@ -39,7 +39,7 @@ def size_op(process_set_id: int = 0, name: str | None = None) -> Any:
 
 def local_size_op(name: str | None = None) -> Any:
     """The number of ranks on this host, as an int32 tensor."""
-    return _constant(_runtime.local_size(), name)
+    return _constant(_state.local_size(), name)
 
 
 def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> Any:

@@ -19,8 +19,8 @@ from typing import Any
 
 import keras
 
-from .. import _runtime
 from .._ops import ReduceOp
+from ..runtime import state as _state
 from ._bridge import tf
 from ._collectives import allreduce
 
@@ -51,7 +51,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         super().__init__(**kwargs)
 
     def _moments(self, inputs: Any, mask: Any) -> tuple[Any, Any]:
-        if _runtime.size() == 1:
+        if _state.size() == 1:
             return super()._moments(inputs, mask)
         axes = self._reduction_axes
         if mask is None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import torch as C
 from .._ops import ReduceOp
-from .._process_sets import ProcessSet, check_process_set, global_process_set
-from ..torch import _collectives as C
+from ..runtime.process_sets import ProcessSet, check_process_set, global_process_set
 from ._bridge import run_op, tf, to_tf, to_torch
 from ._collectives import _check_root, allreduce, grouped_allreduce
 from ._compression import Compression

@@ -1,6 +1,8 @@
 """Horovod's PyTorch API on ringcore: ``import ringcore.torch as hvd``."""
 
-from .._capabilities import (
+from .._errors import CollectiveMismatchError, HorovodInternalError, RingError, RingInternalError
+from .._ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+from ..runtime.capabilities import (
     ccl_built,
     cuda_built,
     ddl_built,
@@ -12,55 +14,56 @@ from .._capabilities import (
     nccl_built,
     rocm_built,
 )
-from .._errors import CollectiveMismatchError, HorovodInternalError, RingError, RingInternalError
-from .._ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
-from .._process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-from .._runtime import (
+from ..runtime.lifecycle import init, shutdown, start_timeline, stop_timeline
+from ..runtime.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+from ..runtime.state import (
     cross_rank,
     cross_size,
-    init,
     is_homogeneous,
     is_initialized,
     local_rank,
     local_size,
     rank,
-    shutdown,
     size,
-    start_timeline,
-    stop_timeline,
 )
 from . import elastic  # hvd.elastic.run, as in Horovod's package
+from ._async import (
+    allgather_async,
+    allreduce_async,
+    allreduce_async_,
+    alltoall_async,
+    broadcast_async,
+    broadcast_async_,
+    grouped_allgather_async,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    grouped_reducescatter_async,
+    reducescatter_async,
+)
 from ._collectives import (
     allgather,
-    allgather_async,
     allgather_object,
     allreduce,
     allreduce_,
-    allreduce_async,
-    allreduce_async_,
     alltoall,
-    alltoall_async,
     barrier,
     broadcast,
     broadcast_,
-    broadcast_async,
-    broadcast_async_,
     broadcast_object,
     grouped_allgather,
-    grouped_allgather_async,
     grouped_allreduce,
     grouped_allreduce_,
-    grouped_allreduce_async,
-    grouped_allreduce_async_,
     grouped_reducescatter,
-    grouped_reducescatter_async,
     join,
-    poll,
     reducescatter,
-    reducescatter_async,
-    synchronize,
 )
 from ._compression import Compression
+from ._handles import poll, synchronize
 from ._optimizer import DistributedOptimizer
 from ._sparse import sparse_allreduce_async
 from ._state import broadcast_optimizer_state, broadcast_parameters

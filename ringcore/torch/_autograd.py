@@ -17,24 +17,33 @@ from __future__ import annotations
 import torch
 
 from .._ops import ReduceOp
-from . import _collectives as c
+from ..runtime.state import rank
+from ._async import (
+    allgather_async,
+    allreduce_async,
+    alltoall_async,
+    broadcast_async,
+    grouped_allgather_async,
+    grouped_allreduce_async,
+    grouped_reducescatter_async,
+    reducescatter_async,
+)
+from ._handles import synchronize
 
 
 class Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, average, name, op, prescale, postscale, process_set):
         ctx.args = (average, op, prescale, postscale, process_set)
-        return c.synchronize(
-            c.allreduce_async(tensor, average, name, op, prescale, postscale, process_set)
+        return synchronize(
+            allreduce_async(tensor, average, name, op, prescale, postscale, process_set)
         )
 
     @staticmethod
     def backward(ctx, grad):
         average, op, prescale, postscale, process_set = ctx.args
-        out = c.synchronize(
-            c.allreduce_async(
-                grad.contiguous(), average, None, op, prescale, postscale, process_set
-            )
+        out = synchronize(
+            allreduce_async(grad.contiguous(), average, None, op, prescale, postscale, process_set)
         )
         return out, None, None, None, None, None, None
 
@@ -43,16 +52,16 @@ class Allgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, process_set):
         ctx.rows, ctx.process_set = tensor.shape[0], process_set
-        return c.synchronize(c.allgather_async(tensor, name, process_set))
+        return synchronize(allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = c.synchronize(
-            c.allreduce_async(
+        reduced = synchronize(
+            allreduce_async(
                 grad.contiguous(), None, None, ReduceOp.Average, 1.0, 1.0, ctx.process_set
             )
         )
-        rows = c.synchronize(c.allgather_async(torch.tensor([ctx.rows]), None, ctx.process_set))
+        rows = synchronize(allgather_async(torch.tensor([ctx.rows]), None, ctx.process_set))
         me = ctx.process_set.rank()
         offset = int(rows[:me].sum())
         return reduced.narrow(0, offset, ctx.rows), None, None
@@ -62,17 +71,15 @@ class Broadcast(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, root_rank, name, process_set):
         ctx.root_rank, ctx.process_set = root_rank, process_set
-        return c.synchronize(c.broadcast_async(tensor, root_rank, name, process_set))
+        return synchronize(broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx, grad):
-        reduced = c.synchronize(
-            c.allreduce_async(
+        reduced = synchronize(
+            allreduce_async(
                 grad.contiguous(), None, None, ReduceOp.Average, 1.0, 1.0, ctx.process_set
             )
         )
-        from .._state import rank
-
         if rank() != ctx.root_rank:
             reduced = reduced * 0
         return reduced, None, None, None
@@ -81,8 +88,8 @@ class Broadcast(torch.autograd.Function):
 class Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        out, received = c.synchronize(
-            c.alltoall_async(
+        out, received = synchronize(
+            alltoall_async(
                 tensor,
                 splits if splits is not None else _even(tensor, process_set),
                 name,
@@ -95,8 +102,8 @@ class Alltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad, _grad_splits):
-        back, _ = c.synchronize(
-            c.alltoall_async(grad.contiguous(), ctx.received, None, ctx.process_set)
+        back, _ = synchronize(
+            alltoall_async(grad.contiguous(), ctx.received, None, ctx.process_set)
         )
         return back, None, None, None
 
@@ -105,13 +112,11 @@ class Reducescatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, process_set, prescale, postscale):
         ctx.op, ctx.process_set, ctx.scale = ReduceOp(int(op)), process_set, prescale * postscale
-        return c.synchronize(
-            c.reducescatter_async(tensor, name, op, process_set, prescale, postscale)
-        )
+        return synchronize(reducescatter_async(tensor, name, op, process_set, prescale, postscale))
 
     @staticmethod
     def backward(ctx, grad):
-        gathered = c.synchronize(c.allgather_async(grad.contiguous(), None, ctx.process_set))
+        gathered = synchronize(allgather_async(grad.contiguous(), None, ctx.process_set))
         return gathered * _reducescatter_grad_scale(ctx), None, None, None, None, None
 
 
@@ -126,8 +131,8 @@ class GroupedAllreduce(torch.autograd.Function):
     def forward(ctx, average, name, op, prescale, postscale, process_set, *tensors):
         ctx.args = (average, op, prescale, postscale, process_set)
         return tuple(
-            c.synchronize(
-                c.grouped_allreduce_async(
+            synchronize(
+                grouped_allreduce_async(
                     list(tensors), average, name, op, prescale, postscale, process_set
                 )
             )
@@ -136,8 +141,8 @@ class GroupedAllreduce(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         average, op, prescale, postscale, process_set = ctx.args
-        reduced = c.synchronize(
-            c.grouped_allreduce_async(
+        reduced = synchronize(
+            grouped_allreduce_async(
                 [g.contiguous() for g in grads], average, None, op, prescale, postscale, process_set
             )
         )
@@ -148,17 +153,17 @@ class GroupedAllgather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, name, process_set, *tensors):
         ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
-        return tuple(c.synchronize(c.grouped_allgather_async(list(tensors), name, process_set)))
+        return tuple(synchronize(grouped_allgather_async(list(tensors), name, process_set)))
 
     @staticmethod
     def backward(ctx, *grads):
         ps = ctx.process_set
-        reduced = c.synchronize(
-            c.grouped_allreduce_async(
+        reduced = synchronize(
+            grouped_allreduce_async(
                 [g.contiguous() for g in grads], None, None, ReduceOp.Average, 1.0, 1.0, ps
             )
         )
-        rows = c.synchronize(c.allgather_async(torch.tensor([ctx.rows]), None, ps))
+        rows = synchronize(allgather_async(torch.tensor([ctx.rows]), None, ps))
         offsets = rows[: ps.rank()].sum(dim=0).tolist() if ps.rank() else [0] * len(ctx.rows)
         parts = [r.narrow(0, int(o), n) for r, o, n in zip(reduced, offsets, ctx.rows)]
         return (None, None, *parts)
@@ -169,8 +174,8 @@ class GroupedReducescatter(torch.autograd.Function):
     def forward(ctx, name, op, process_set, prescale, postscale, *tensors):
         ctx.op, ctx.process_set, ctx.scale = ReduceOp(int(op)), process_set, prescale * postscale
         return tuple(
-            c.synchronize(
-                c.grouped_reducescatter_async(
+            synchronize(
+                grouped_reducescatter_async(
                     list(tensors), name, op, process_set, prescale, postscale
                 )
             )
@@ -178,8 +183,8 @@ class GroupedReducescatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        gathered = c.synchronize(
-            c.grouped_allgather_async([g.contiguous() for g in grads], None, ctx.process_set)
+        gathered = synchronize(
+            grouped_allgather_async([g.contiguous() for g in grads], None, ctx.process_set)
         )
         scale = _reducescatter_grad_scale(ctx)
         return (None, None, None, None, None, *(g * scale for g in gathered))

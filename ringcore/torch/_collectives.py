@@ -1,274 +1,55 @@
-"""Collectives on torch tensors, as Horovod's ``horovod.torch`` offers them.
-
-Every op is submitted to the engine by name and returns a handle (``*_async``);
-``synchronize(handle)`` waits and returns the result, ``poll(handle)`` says whether it
-is done. The blocking forms are ``synchronize(op_async(...))``. Unnamed ops get
-deterministic names (``allreduce.noname.<n>``), so ranks that call ops in the same
-order agree on them.
+"""Collectives on torch tensors, as Horovod's ``horovod.torch`` offers them: the blocking
+forms (differentiable where Horovod's are: ``_autograd``), ``barrier``, ``join`` and
+objects. Each submits its op (``_async``) and waits for it (``_handles``).
 """
 
 from __future__ import annotations
 
 import io
-import itertools
-import threading
 from typing import Any
 
 import cloudpickle
 import torch
 
-from .._adasum import is_power_of_two
-from .._cuda_streams import join_streams
-from .._engine import InputHandle
-from .._handle import Handle, dtype_name, wait_handle
-from .._ops import ReduceOp, resolve_op
-from .._process_sets import ProcessSet, check_process_set, global_process_set
-from .._protocol import Request
-from .._state import engine, rank, size
+from .._ops import OpKind, ReduceOp
+from ..engine.handle import Handle
+from ..engine.protocol import Request
+from ..runtime.process_sets import ProcessSet, check_process_set, global_process_set
+from ..runtime.state import engine, rank
+from . import _autograd
+from ._async import (
+    _allreduce_start,
+    _check_tensor,
+    allgather_async,
+    alltoall_async,
+    broadcast_async,
+    broadcast_async_,
+    grouped_allgather_async,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    grouped_reducescatter_async,
+    reducescatter_async,
+)
 from ._compression import Compression, Compressor
+from ._handles import _register, synchronize
 
 __all__ = [
     "allgather",
-    "allgather_async",
     "allgather_object",
     "allreduce",
     "allreduce_",
-    "allreduce_async",
-    "allreduce_async_",
     "alltoall",
-    "alltoall_async",
     "barrier",
     "broadcast",
     "broadcast_",
-    "broadcast_async",
-    "broadcast_async_",
     "broadcast_object",
     "grouped_allgather",
-    "grouped_allgather_async",
     "grouped_allreduce",
     "grouped_allreduce_",
-    "grouped_allreduce_async",
-    "grouped_allreduce_async_",
     "grouped_reducescatter",
-    "grouped_reducescatter_async",
     "join",
-    "poll",
     "reducescatter",
-    "reducescatter_async",
-    "synchronize",
 ]
-
-_MAX_DIMS = 8
-_handles: dict[int, Any] = {}
-_handle_ids = itertools.count(1)
-_handles_lock = threading.Lock()
-_group_ids = itertools.count()
-
-
-def _register(h: Handle | _Group) -> int:
-    with _handles_lock:
-        hid = next(_handle_ids)
-        _handles[hid] = h
-    return hid
-
-
-def _autograd():
-    from . import _autograd as autograd_fns
-
-    return autograd_fns
-
-
-def poll(handle: int) -> bool:
-    """True when the op behind ``handle`` has finished (synchronize will not block)."""
-    with _handles_lock:
-        h = _handles.get(handle)
-    if h is None:
-        raise ValueError(f"handle {handle!r} is unknown or was already synchronized")
-    return h.done.is_set()
-
-
-def synchronize(handle: int) -> Any:
-    """Wait for the op behind ``handle`` and return its result (raises its error)."""
-    with _handles_lock:
-        h = _handles.pop(handle, None)
-    if h is None:
-        raise ValueError(f"handle {handle!r} is unknown or was already synchronized")
-    wait_handle(h)
-    if h.error is not None:
-        raise h.error
-    join_streams(h)  # CUDA: this stream waits for the engine's side stream
-    return h.result
-
-
-def _check_tensor(tensor: Any, what: str) -> None:
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{what} takes a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dim() > _MAX_DIMS:
-        raise ValueError(
-            f"{what} takes tensors of at most {_MAX_DIMS} dimensions, got shape {tuple(tensor.shape)}"
-        )
-
-
-def _wire(tensor: torch.Tensor) -> torch.Tensor:
-    """The buffer the backend moves (Gloo carries no bool: uint8 instead). The engine
-    runs under ``torch.no_grad()``, so a contiguous tensor is used as it is: every torch
-    call here releases and retakes the GIL, which the engine's threads then hold."""
-    if tensor.dtype == torch.bool:
-        return tensor.detach().to(torch.uint8)
-    return tensor if tensor.is_contiguous() else tensor.detach().contiguous()
-
-
-def _request(kind: str, name: str, tensor: torch.Tensor, ps: int, **extra: Any) -> Request:
-    """The request for an op on ``tensor``; ``extra``: the kind's fields (op, root, ...)."""
-    return Request(
-        name,
-        kind,
-        dtype=dtype_name(tensor.dtype),
-        shape=tuple(tensor.shape),
-        process_set=ps,
-        device=tensor.device.type,
-        **extra,
-    )
-
-
-def _back_to(dtype: torch.dtype):
-    return lambda t: t if t.dtype == dtype else t.to(dtype)
-
-
-def _input_handle(name: str, tensor: torch.Tensor) -> Handle:
-    """The handle of an allreduce into a new tensor: on the CPU the engine thread makes
-    the copy (see ``InputHandle``); a CUDA tensor is copied here, on the caller's
-    stream, so that the result belongs to that stream."""
-    if tensor.is_cuda:
-        buf = _wire(tensor).clone()
-        return Handle(name, "allreduce", tensor=buf, finish=_back_to(tensor.dtype))
-    return InputHandle(name, "allreduce", tensor=_wire(tensor), finish=_back_to(tensor.dtype))
-
-
-# -- allreduce ----------------------------------------------------------------------
-
-
-#: requests already made, by everything they hold: a request is immutable, and a
-#: training loop submits the same few hundred every step (cleared when it grows past
-#: _REQUESTS_MAX: names made fresh for every call never repeat)
-_requests: dict[tuple, Request] = {}
-_REQUESTS_MAX = 4096
-
-
-def _allreduce_req(
-    tensor, name, op, prescale_factor, postscale_factor, process_set, what, group=None
-):
-    if (
-        group is None
-        and op != ReduceOp.Adasum  # its check depends on the job's size
-        and type(tensor) is torch.Tensor
-        and tensor.dim() <= _MAX_DIMS
-        and (process_set is None or type(process_set) is ProcessSet)
-    ):
-        key = (
-            name,
-            tensor.dtype,
-            tensor.shape,
-            tensor.device.type,
-            op,
-            prescale_factor,
-            postscale_factor,
-            process_set,
-        )
-        req = _requests.get(key)
-        if req is not None and check_process_set(process_set, what) == req.process_set:
-            return req
-        req = _allreduce_req_made(
-            tensor, name, op, prescale_factor, postscale_factor, process_set, what
-        )
-        if len(_requests) >= _REQUESTS_MAX:
-            _requests.clear()
-        _requests[key] = req
-        return req
-    return _allreduce_req_made(
-        tensor, name, op, prescale_factor, postscale_factor, process_set, what, group
-    )
-
-
-def _allreduce_req_made(
-    tensor, name, op, prescale_factor, postscale_factor, process_set, what, group=None
-):
-    _check_tensor(tensor, what)
-    ps = check_process_set(process_set, what)
-    if op == ReduceOp.Adasum:
-        n = process_set.size() if process_set is not None else size()
-        if not is_power_of_two(n):
-            raise ValueError(
-                f"op=Adasum needs a power-of-two number of ranks, got {n}; use op=Average"
-            )
-        if not tensor.dtype.is_floating_point:
-            raise TypeError(f"op=Adasum needs a floating-point tensor, got {tensor.dtype}")
-    if tensor.dtype == torch.bool and op not in (ReduceOp.Min, ReduceOp.Max):
-        raise TypeError(f"allreduce of a bool tensor supports op=Min or Max, not {op.name}")
-    extra: dict[str, Any] = {
-        "op": int(op),
-        "prescale": float(prescale_factor),
-        "postscale": float(postscale_factor),
-    }
-    if group is not None:
-        extra.update(group=group[0], group_size=group[1])
-    return _request("allreduce", name, tensor, ps, **extra)
-
-
-def allreduce_async_(
-    tensor,
-    average=None,
-    name=None,
-    op=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-    process_set: ProcessSet = global_process_set,
-) -> int:
-    """Start an in-place allreduce of ``tensor`` over the ranks of ``process_set``.
-
-    ``op`` is the reduction (Average by default; ``average=`` is Horovod's deprecated
-    spelling of it), scaled by ``prescale_factor`` before and ``postscale_factor``
-    after. ``name`` must be the same on every rank (unnamed ops are numbered in call
-    order). Returns a handle; ``synchronize(handle)`` returns ``tensor``, reduced."""
-    return _allreduce_start(
-        tensor, average, name, op, prescale_factor, postscale_factor, process_set, True, False
-    )
-
-
-def _allreduce_start(
-    tensor, average, name, op, prescale_factor, postscale_factor, process_set, inplace, now
-) -> int:
-    """``allreduce_async(_)``; ``now``: the caller synchronizes next (a blocking form),
-    so the request leaves from this thread at once (``Engine.submit_many``)."""
-    what = "allreduce_async_" if inplace else "allreduce_async"
-    rop = resolve_op(average, op)
-    eng = engine()
-    name = name or eng.auto_name("allreduce")
-    req = _allreduce_req(tensor, name, rop, prescale_factor, postscale_factor, process_set, what)
-    if inplace:
-        handle = Handle(name, "allreduce", tensor=_wire(tensor), into=tensor)
-    else:
-        handle = _input_handle(name, tensor)
-    return _register(eng.submit(handle, req, now=now))
-
-
-def allreduce_async(
-    tensor,
-    average=None,
-    name=None,
-    op=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-    process_set: ProcessSet = global_process_set,
-) -> int:
-    """Start an allreduce of ``tensor`` into a new tensor; ``tensor`` is left as it is.
-
-    Arguments as :func:`allreduce_async_`. Returns a handle; ``synchronize(handle)``
-    returns the reduced tensor (same shape and dtype as ``tensor``). As in Horovod,
-    ``tensor`` is read when the op runs: do not modify it until ``synchronize``."""
-    return _allreduce_start(
-        tensor, average, name, op, prescale_factor, postscale_factor, process_set, False, False
-    )
 
 
 def allreduce(
@@ -289,8 +70,8 @@ def allreduce(
     and after. Differentiable: the gradient is the allreduce of the gradient.
     Blocks until every rank of the set has submitted ``name``."""
     _check_tensor(tensor, "allreduce")
-    if _autograd().differentiable(tensor) and compression is Compression.none:
-        return _autograd().Allreduce.apply(
+    if _autograd.differentiable(tensor) and compression is Compression.none:
+        return _autograd.Allreduce.apply(
             tensor, average, name, op, prescale_factor, postscale_factor, process_set
         )
     compressed, ctx = compression.compress(tensor.detach())
@@ -329,102 +110,6 @@ def allreduce_(
     )
 
 
-def _grouped_allreduce_async(
-    tensors, average, name, op, prescale_factor, postscale_factor, process_set, inplace
-):
-    rop = resolve_op(average, op)
-    eng = engine()
-    if not isinstance(tensors, list | tuple) or not tensors:
-        raise TypeError("grouped_allreduce takes a non-empty list of tensors")
-    base = name or eng.auto_name("grouped_allreduce")
-    gid = f"{base}#group"
-    items, handles = [], []
-    for i, t in enumerate(tensors):
-        n = f"{base}.{i}"
-        req = _allreduce_req(
-            t,
-            n,
-            rop,
-            prescale_factor,
-            postscale_factor,
-            process_set,
-            "grouped_allreduce",
-            group=(gid, len(tensors)),
-        )
-        h = Handle(n, "allreduce", tensor=_wire(t), into=t) if inplace else _input_handle(n, t)
-        items.append((h, req))
-        handles.append(h)
-    eng.submit_many(items)
-    return _register(_Group(base, handles))
-
-
-class _Group:
-    """A handle over several handles (grouped ops): done when all are; its result is
-    the list of theirs, or ``combine`` of that list."""
-
-    def __init__(self, name: str, parts: list[Handle], combine: Any = None):
-        self.name, self.parts, self.combine = name, parts, combine
-        self.done = _AllEvents(parts)
-
-    @property
-    def error(self) -> BaseException | None:
-        return next((p.error for p in self.parts if p.error is not None), None)
-
-    @property
-    def result(self) -> Any:
-        results = [p.result for p in self.parts]
-        return self.combine(results) if self.combine else results
-
-
-class _AllEvents:
-    def __init__(self, parts: list[Handle]):
-        self.parts = parts
-
-    def is_set(self) -> bool:
-        return all(p.done.is_set() for p in self.parts)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return all(p.done.wait(timeout) for p in self.parts)
-
-
-def grouped_allreduce_async(
-    tensors,
-    average=None,
-    name=None,
-    op=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-    process_set: ProcessSet = global_process_set,
-) -> int:
-    """Start allreduces of a list of tensors that run as one fused unit.
-
-    Every tensor of ``tensors`` is reduced with the same ``op`` and scale factors (see
-    :func:`allreduce_async`), and they are negotiated and fused together: the group
-    runs when every rank has submitted all of it. Returns one handle;
-    ``synchronize(handle)`` returns the list of reduced tensors (new tensors)."""
-    return _grouped_allreduce_async(
-        tensors, average, name, op, prescale_factor, postscale_factor, process_set, False
-    )
-
-
-def grouped_allreduce_async_(
-    tensors,
-    average=None,
-    name=None,
-    op=None,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-    process_set: ProcessSet = global_process_set,
-) -> int:
-    """Start in-place allreduces of a list of tensors that run as one fused unit.
-
-    As :func:`grouped_allreduce_async`, but each tensor is reduced in place;
-    ``synchronize(handle)`` returns the list ``tensors``, reduced."""
-    return _grouped_allreduce_async(
-        tensors, average, name, op, prescale_factor, postscale_factor, process_set, True
-    )
-
-
 def grouped_allreduce(
     tensors,
     average=None,
@@ -439,9 +124,9 @@ def grouped_allreduce(
 
     Arguments as :func:`allreduce` (one ``op``, ``compression`` and scale factors for
     every tensor). Differentiable. Blocks until the whole group is reduced."""
-    if _autograd().any_differentiable(tensors) and compression is Compression.none:
+    if _autograd.any_differentiable(tensors) and compression is Compression.none:
         return list(
-            _autograd().GroupedAllreduce.apply(
+            _autograd.GroupedAllreduce.apply(
                 average, name, op, prescale_factor, postscale_factor, process_set, *tensors
             )
         )
@@ -479,68 +164,15 @@ def grouped_allreduce_(
     )
 
 
-# -- allgather, broadcast, alltoall, reducescatter ------------------------------------
-
-
-def allgather_async(tensor, name=None, process_set: ProcessSet = global_process_set) -> int:
-    """Start an allgather: every rank's ``tensor`` concatenated along dimension 0.
-
-    The first dimension may differ between ranks; every other dimension, and the
-    dtype, must agree. ``tensor`` needs at least one dimension. Returns a handle;
-    ``synchronize(handle)`` returns the concatenation, in rank order of
-    ``process_set``."""
-    _check_tensor(tensor, "allgather")
-    if tensor.dim() == 0:
-        raise ValueError(
-            "allgather needs a tensor with at least one dimension; use tensor.reshape(1)"
-        )
-    ps = check_process_set(process_set, "allgather")
-    eng = engine()
-    name = name or eng.auto_name("allgather")
-    req = _request("allgather", name, tensor, ps)
-    return _register(
-        eng.submit(
-            Handle(name, "allgather", tensor=_wire(tensor), finish=_back_to(tensor.dtype)), req
-        )
-    )
-
-
 def allgather(tensor, name=None, process_set: ProcessSet = global_process_set):
     """Every rank's ``tensor`` of ``process_set``, concatenated along dimension 0.
 
     The first dimension may differ between ranks; the others must agree.
     Differentiable (the gradient: this rank's rows of the averaged gradient).
     Returns a new tensor; blocks until every rank has submitted ``name``."""
-    if _autograd().differentiable(tensor):
-        return _autograd().Allgather.apply(tensor, name, process_set)
+    if _autograd.differentiable(tensor):
+        return _autograd.Allgather.apply(tensor, name, process_set)
     return synchronize(allgather_async(tensor, name, process_set))
-
-
-def grouped_allgather_async(
-    tensors, name=None, process_set: ProcessSet = global_process_set
-) -> int:
-    """Start an allgather of each tensor of ``tensors`` (named ``<name>.<i>``).
-
-    Returns one handle; ``synchronize(handle)`` returns the list of gathered tensors,
-    as :func:`allgather_async` gives each."""
-    eng = engine()
-    base = name or eng.auto_name("grouped_allgather")
-    hs = [
-        synchronize_later(allgather_async(t, f"{base}.{i}", process_set))
-        for i, t in enumerate(tensors)
-    ]
-    return _register(_Group(base, hs))
-
-
-def discard(handle: int) -> None:
-    """Forget ``handle`` without waiting (after the ring failed); unknown handles are fine."""
-    with _handles_lock:
-        _handles.pop(handle, None)
-
-
-def synchronize_later(handle: int) -> Handle:
-    with _handles_lock:
-        return _handles.pop(handle)
 
 
 def grouped_allgather(tensors, name=None, process_set: ProcessSet = global_process_set):
@@ -548,46 +180,9 @@ def grouped_allgather(tensors, name=None, process_set: ProcessSet = global_proce
 
     As :func:`allgather` for each (first dimensions may differ per rank).
     Differentiable."""
-    if _autograd().any_differentiable(tensors):
-        return list(_autograd().GroupedAllgather.apply(name, process_set, *tensors))
+    if _autograd.any_differentiable(tensors):
+        return list(_autograd.GroupedAllgather.apply(name, process_set, *tensors))
     return synchronize(grouped_allgather_async(tensors, name, process_set))
-
-
-def broadcast_async_(
-    tensor, root_rank, name=None, process_set: ProcessSet = global_process_set
-) -> int:
-    """Start an in-place broadcast: ``tensor`` becomes rank ``root_rank``'s ``tensor``.
-
-    ``root_rank`` is a global rank and must be a member of ``process_set``; shape and
-    dtype must agree on every rank. Returns a handle; ``synchronize(handle)`` returns
-    ``tensor``, overwritten with the root's values (the root's is unchanged)."""
-    _check_tensor(tensor, "broadcast")
-    ps = check_process_set(process_set, "broadcast")
-    members = (
-        process_set.ranks
-        if process_set is not None and process_set.ranks is not None
-        else range(size())
-    )
-    if root_rank not in members:
-        raise ValueError(
-            f"broadcast root_rank={root_rank} is not a rank of {process_set!r} (ranks {list(members)})"
-        )
-    eng = engine()
-    name = name or eng.auto_name("broadcast")
-    wire = _wire(tensor)
-
-    req = _request("broadcast", name, tensor, ps, root=int(root_rank))
-    return _register(eng.submit(Handle(name, "broadcast", tensor=wire, into=tensor), req))
-
-
-def broadcast_async(
-    tensor, root_rank, name=None, process_set: ProcessSet = global_process_set
-) -> int:
-    """Start a broadcast of rank ``root_rank``'s ``tensor`` into a new tensor.
-
-    Arguments as :func:`broadcast_async_`; ``tensor`` is left as it is.
-    ``synchronize(handle)`` returns a new tensor holding the root's values."""
-    return broadcast_async_(tensor.detach().clone(), root_rank, name, process_set)
 
 
 def broadcast_(tensor, root_rank, name=None, process_set: ProcessSet = global_process_set):
@@ -603,48 +198,9 @@ def broadcast(tensor, root_rank, name=None, process_set: ProcessSet = global_pro
     ``root_rank`` is a global rank of the set; shape and dtype must agree on every
     rank. Differentiable (the gradient: the averaged gradient on the root, zeros
     elsewhere). Blocks until done."""
-    if _autograd().differentiable(tensor):
-        return _autograd().Broadcast.apply(tensor, root_rank, name, process_set)
+    if _autograd.differentiable(tensor):
+        return _autograd.Broadcast.apply(tensor, root_rank, name, process_set)
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))
-
-
-def alltoall_async(
-    tensor, splits=None, name=None, process_set: ProcessSet = global_process_set
-) -> int:
-    """Start an alltoall: send ``splits[i]`` rows of ``tensor`` to the i-th rank of the set.
-
-    ``splits`` (a list or 1-D tensor, one non-negative entry per rank of
-    ``process_set``, summing to ``tensor.shape[0]``); None splits dimension 0 evenly.
-    Returns a handle; ``synchronize(handle)`` returns the rows received from every
-    rank, in rank order, and also the received splits when ``splits`` was given."""
-    _check_tensor(tensor, "alltoall")
-    ps = check_process_set(process_set, "alltoall")
-    n = process_set.size() if process_set is not None else size()
-    rows = tensor.shape[0] if tensor.dim() else 0
-    if splits is None:
-        if rows % n:
-            raise ValueError(
-                f"alltoall without splits needs the first dimension ({rows}) to divide by the number "
-                f"of ranks ({n}); pass splits= to send uneven parts."
-            )
-        send = [rows // n] * n
-    else:
-        send = [int(s) for s in torch.as_tensor(splits).reshape(-1).tolist()]
-        if len(send) != n or sum(send) != rows or min(send) < 0:
-            raise ValueError(
-                f"alltoall splits={send} must have one non-negative entry per rank ({n}) summing to "
-                f"the first dimension ({rows})."
-            )
-    eng = engine()
-    name = name or eng.auto_name("alltoall")
-    dtype = tensor.dtype
-    want_splits = splits is not None
-
-    def finish(res):
-        return (res[0].to(dtype), res[1]) if want_splits else res[0].to(dtype)
-
-    req = _request("alltoall", name, tensor, ps, splits=tuple(send))
-    return _register(eng.submit(Handle(name, "alltoall", tensor=_wire(tensor), finish=finish), req))
 
 
 def alltoall(tensor, splits=None, name=None, process_set: ProcessSet = global_process_set):
@@ -654,56 +210,10 @@ def alltoall(tensor, splits=None, name=None, process_set: ProcessSet = global_pr
     As Horovod, returns the received tensor (rows from every rank, in rank order),
     and also the received splits as an int64 tensor when ``splits`` was given.
     Differentiable. Blocks until done."""
-    if _autograd().differentiable(tensor):
-        out, received = _autograd().Alltoall.apply(tensor, splits, name, process_set)
+    if _autograd.differentiable(tensor):
+        out, received = _autograd.Alltoall.apply(tensor, splits, name, process_set)
         return out if splits is None else (out, received)
     return synchronize(alltoall_async(tensor, splits, name, process_set))
-
-
-def reducescatter_async(
-    tensor,
-    name=None,
-    op=ReduceOp.Average,
-    process_set: ProcessSet = global_process_set,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-) -> int:
-    """Start a reducescatter: reduce ``tensor`` over the set, keep this rank's slice.
-
-    ``op``: Average (default), Sum, Min, Max or Product; ``prescale_factor`` /
-    ``postscale_factor`` scale before and after. Dimension 0 is split as Horovod
-    splits it: the first ``rows % size`` ranks get one row more. Returns a handle;
-    ``synchronize(handle)`` returns this rank's slice of the reduction."""
-    _check_tensor(tensor, "reducescatter")
-    if tensor.dim() == 0:
-        raise ValueError("reducescatter needs a tensor with at least one dimension")
-    rop = ReduceOp(int(op))
-    if rop not in (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min, ReduceOp.Max, ReduceOp.Product):
-        # a RuntimeError, as Horovod raises for it
-        raise NotImplementedError(
-            f"reducescatter supports op=Average, Sum, Min, Max and Product, not {rop.name}; "
-            "use allreduce(op=Adasum) for Adasum"
-        )
-    ps = check_process_set(process_set, "reducescatter")
-    eng = engine()
-    name = name or eng.auto_name("reducescatter")
-    req = _request(
-        "reducescatter",
-        name,
-        tensor,
-        ps,
-        op=int(rop),
-        prescale=float(prescale_factor),
-        postscale=float(postscale_factor),
-    )
-    return _register(
-        eng.submit(
-            Handle(
-                name, "reducescatter", tensor=_wire(tensor).clone(), finish=_back_to(tensor.dtype)
-            ),
-            req,
-        )
-    )
 
 
 def reducescatter(
@@ -720,8 +230,8 @@ def reducescatter(
     ``op``: Average (default), Sum, Min, Max or Product; ``compression`` for the wire;
     the first ``rows % size`` ranks get one row more, as Horovod splits.
     Differentiable (the gradient is an allgather). Returns a new tensor."""
-    if _autograd().differentiable(tensor) and compression is Compression.none:
-        return _autograd().Reducescatter.apply(
+    if _autograd.differentiable(tensor) and compression is Compression.none:
+        return _autograd.Reducescatter.apply(
             tensor, name, op, process_set, prescale_factor, postscale_factor
         )
     compressed, ctx = compression.compress(tensor.detach())
@@ -729,31 +239,6 @@ def reducescatter(
         reducescatter_async(compressed, name, op, process_set, prescale_factor, postscale_factor)
     )
     return compression.decompress(out, ctx)
-
-
-def grouped_reducescatter_async(
-    tensors,
-    name=None,
-    op=ReduceOp.Average,
-    process_set: ProcessSet = global_process_set,
-    prescale_factor=1.0,
-    postscale_factor=1.0,
-) -> int:
-    """Start a reducescatter of each tensor of ``tensors`` (named ``<name>.<i>``).
-
-    Arguments as :func:`reducescatter_async`. Returns one handle;
-    ``synchronize(handle)`` returns the list of this rank's slices."""
-    eng = engine()
-    base = name or eng.auto_name("grouped_reducescatter")
-    hs = [
-        synchronize_later(
-            reducescatter_async(
-                t, f"{base}.{i}", op, process_set, prescale_factor, postscale_factor
-            )
-        )
-        for i, t in enumerate(tensors)
-    ]
-    return _register(_Group(base, hs))
 
 
 def grouped_reducescatter(
@@ -769,9 +254,9 @@ def grouped_reducescatter(
 
     Arguments as :func:`reducescatter` (one ``op``, ``compression`` and scale
     factors for every tensor). Differentiable."""
-    if _autograd().any_differentiable(tensors) and compression is Compression.none:
+    if _autograd.any_differentiable(tensors) and compression is Compression.none:
         return list(
-            _autograd().GroupedReducescatter.apply(
+            _autograd.GroupedReducescatter.apply(
                 name, op, process_set, prescale_factor, postscale_factor, *tensors
             )
         )
@@ -791,8 +276,8 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Block until every rank of ``process_set`` has called ``barrier``; returns None."""
     ps = check_process_set(process_set, "barrier")
     eng = engine()
-    name = eng.auto_name("barrier")
-    h = eng.submit(Handle(name, "barrier"), Request(name, "barrier", process_set=ps))
+    name = eng.auto_name(OpKind.BARRIER)
+    h = eng.submit(Handle(name, OpKind.BARRIER), Request(name, OpKind.BARRIER, process_set=ps))
     synchronize(_register(h))
 
 

@@ -8,7 +8,7 @@ the gradients that are ready together into one buffer.
 
 On GPU nothing here changes: each hook's submission records a CUDA event on the
 backward stream, and the engine runs the fusion copy, the scaling and the NCCL
-allreduce on its own side stream after that event (``ringcore._gpu``), so backward
+allreduce on its own side stream after that event (``ringcore.engine.cuda_streams``), so backward
 kernels queued later do not wait for communication; ``step()``'s synchronize makes
 the optimizer's stream wait for the side stream before the update reads the
 gradients. The fusion buffer lives on the gradients' device. Under Gloo (no NCCL, or
@@ -26,10 +26,11 @@ from typing import Any
 import torch
 
 from .._ops import ReduceOp
-from .._process_sets import ProcessSet, check_process_set, global_process_set
-from .._state import size
-from ._collectives import allreduce_async_, discard, grouped_allreduce_async_, synchronize
+from ..runtime.process_sets import ProcessSet, check_process_set, global_process_set
+from ..runtime.state import size
+from ._async import allreduce_async_, grouped_allreduce_async_
 from ._compression import Compression, Compressor
+from ._handles import discard, synchronize
 from ._sparse import sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]

@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 from .._ops import ReduceOp
-from .._process_sets import ProcessSet, global_process_set
-from ._collectives import _Group, _register, allgather_async, synchronize, synchronize_later
+from ..runtime.process_sets import ProcessSet, global_process_set
+from ._async import allgather_async
+from ._handles import _Group, _register, synchronize, synchronize_later
 
 __all__ = ["sparse_allreduce_async"]
 

@@ -12,7 +12,7 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .._ops import ReduceOp
-from .._state import size
+from ..runtime.state import size
 from ._collectives import allreduce
 
 __all__ = ["SyncBatchNorm"]

@@ -34,9 +34,10 @@ from typing import Any
 import torch
 
 from .. import _config as cfg
-from .._elastic import HostsUpdatedInterrupt, hosts_updated, is_elastic, leave, rejoin
 from .._errors import RingError, RingInternalError
-from .._runtime import init, is_initialized, rank, size
+from ..elastic.worker import HostsUpdatedInterrupt, hosts_updated, is_elastic, leave, rejoin
+from ..runtime.lifecycle import init, shutdown
+from ..runtime.state import is_initialized, rank, size
 from ._collectives import allgather_object, broadcast_object
 from ._state import broadcast_optimizer_state, broadcast_parameters
 
@@ -253,7 +254,7 @@ def run(func: Callable[..., Any]) -> Callable[..., Any]:
                 raise RingError(
                     f"the ring was re-formed {resets} times, more than {cfg.RESET_LIMIT_ENV_VAR}={limit}"
                 )
-            rejoin(init)
+            rejoin(init, shutdown)
             for sampler in getattr(state, "_samplers", {}).values():
                 sampler.reset()
             state.on_reset()

@@ -1,0 +1,177 @@
+"""The fast lane: on a job whose ranks all share one host's shared-memory group, a caller
+that waits for an op (``synchronize``, a blocking op) while every op this rank has
+submitted is still queued here, each a cached allreduce, runs that whole batch in its
+own thread, fused as the coordinator would, without the coordinator, once every rank
+has voted for the same batch (``ringcore.shm.vote``); otherwise, and whenever the ranks
+disagree, the ops take the coordinator's path. While the lane can be taken, the sender
+thread waits for a cycle without new submissions before sending a burst
+(:data:`LANE_IDLE_S`). A part of :class:`~ringcore.engine.engine.Engine`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, cast
+
+import torch
+
+from .._errors import RingInternalError
+from .._ops import OpKind, ReduceOp
+from .fusion import FusionBuckets
+from .handle import Handle
+from .protocol import CachedId, CachedRequest, Entry, Request
+from .timeline import Timeline
+
+__all__ = ["LANE_IDLE_S", "FastLane", "batch_key", "lane_votes"]
+
+#: on a fast-lane job, how long the sender thread waits after the last op was queued
+#: before it sends the queue to the coordinator (a waiting caller takes it first)
+LANE_IDLE_S = 0.005
+_ALLREDUCE, _ADASUM = OpKind.ALLREDUCE, ReduceOp.Adasum
+
+
+class FastLane:
+    """The fast lane of :class:`~ringcore.engine.engine.Engine`: what it reads of the
+    engine's state (set up in ``Engine.__init__``) and of its other parts."""
+
+    _lock: threading.Lock
+    _exec_lock: threading.Lock
+    pending: dict[tuple[int, str], Handle]
+    outbox: list[Request | CachedRequest | CachedId]
+    cache: dict[tuple[int, str], tuple[int, tuple]]
+    cids: dict[int, tuple[str, tuple[int, ...], Entry]]
+    stats: dict[str, int]
+    votes: Any
+    broken: str | None
+    join_handle: Handle | None
+    timeline: Timeline
+    fusion_threshold: int
+    rank: int
+    _fast_busy: bool
+    _kind: OpKind
+    _break: Callable[[str], None]
+    _allreduce_bufs: Callable[..., None]
+
+    def _lane_batch(self) -> list[tuple[int, Handle]] | None:
+        """Every op of this rank, as (cache id, handle), when they may take the fast lane
+        (under ``self._lock``): all still queued here (none sent), each an allreduce of
+        the whole job on CPU whose name is cached with this call's fields; else None."""
+        if (
+            not self.outbox
+            or len(self.pending) != len(self.outbox)
+            or self.broken
+            or self.join_handle is not None
+            or self._fast_busy
+            or self.timeline.active
+        ):
+            return None
+        batch = []
+        for (ps, name), h in self.pending.items():
+            req = h.req
+            if (
+                ps != 0
+                or req is None
+                or req.kind != _ALLREDUCE
+                or req.device != "cpu"
+                or req.group is not None
+                or req.op == _ADASUM
+            ):
+                return None
+            cached = self.cache.get((0, name))
+            if cached is None or cached[1] != h.sig:
+                return None
+            learnt = self.cids.get(cached[0])
+            if learnt is None or learnt[1] != req.shape:
+                return None
+            batch.append((cached[0], h))
+        return batch
+
+    def _run_lane(self) -> bool:
+        """Run every queued op of this rank in this thread if every rank votes for the same
+        batch now (see the module's docstring); False: nothing was run."""
+        votes = self.votes
+        assert votes is not None
+        with self._lock:
+            batch = self._lane_batch()
+            if batch is None or not self._exec_lock.acquire(blocking=False):
+                return False  # not eligible, or the engine thread is running a batch
+            batch.sort(key=lambda ch: ch[0])
+            try:
+                pid = votes.propose(batch_key([c for c, _ in batch]))
+            except BaseException:
+                self._exec_lock.release()
+                raise
+            if pid is None:
+                self._exec_lock.release()
+                return False
+            taken, self.outbox = self.outbox, []
+            for _, h in batch:
+                del self.pending[(0, h.name)]
+            self._fast_busy = True
+        try:
+            if not votes.wait(pid):
+                with self._lock:  # back in the queue, ahead of what came since
+                    broken = self.broken
+                    if broken is None:
+                        for _, h in batch:
+                            self.pending[(0, h.name)] = h
+                        self.outbox = taken + self.outbox
+                if broken is not None:  # the ring broke while they were out of the queue
+                    err = RingInternalError(f"rank {self.rank}: {broken}")
+                    for _, h in batch:
+                        h.resolve(error=err)
+                return False
+            self._run_batch(batch)
+            self.stats["fast"] += len(batch)
+            return True
+        finally:
+            with self._lock:
+                self._fast_busy = False
+            self._exec_lock.release()
+
+    def _run_batch(self, batch: list[tuple[int, Handle]]) -> None:
+        """Run a committed batch (sorted by cache id): allreduces of one dtype, op and
+        scale fused up to the fusion threshold, in the same order on every rank."""
+        buckets = FusionBuckets(self.fusion_threshold)
+        handles: dict[int, list[Handle]] = {}
+        for _, h in batch:
+            r = h.req
+            fusion, fresh = buckets.place((r.dtype, r.op, r.prescale, r.postscale), r, 0)
+            if fresh:
+                handles[id(fusion)] = [h]
+            else:
+                handles[id(fusion)].append(h)
+        self._kind = _ALLREDUCE
+        for fusion in buckets.fusions:
+            # no Entry per op (the timeline, which names them, is off in the lane): the
+            # item carries the fusion's dtype, op and scales; its handles, the buffers
+            hs = handles[id(fusion)]
+            bufs = cast("list[torch.Tensor]", [h.tensor for h in hs])  # a lane op has one
+            try:
+                self._allreduce_bufs(fusion.item(), hs, bufs, op=ReduceOp(fusion.req.op))
+            except Exception as exc:
+                why = f"{type(exc).__name__}: {exc}"
+                err = RingInternalError(
+                    f"allreduce of {[h.name for h in hs]} failed on rank {self.rank}: {why}"
+                )
+                for _, h in batch:
+                    if not h.done.is_set():
+                        h.resolve(error=err)
+                self._break(f"a backend collective failed ({why})")
+                return
+
+
+def lane_votes(backend: Any, size: int) -> Any:
+    """The shared-memory group's proposals when every rank of the job is in it (a flat
+    plan); else None."""
+    shm = getattr(backend, "shm", None)
+    if getattr(backend, "mode", None) != "flat" or shm is None or shm.local_size != size:
+        return None
+    return getattr(shm, "votes", None)
+
+
+def batch_key(cids: list[int]) -> int:
+    """One int64 naming a batch of cache ids (sorted): the proposal's key. Hashes of int
+    tuples are the same in every process (no hash randomisation for ints)."""
+    return hash((len(cids), tuple(cids))) & ((1 << 62) - 1)
