@@ -54,6 +54,7 @@ from ..tensorflow._keras_optimizer import (
     PartialDistributedOptimizer,
     wrap_in_place,
 )
+from ..tensorflow._training import ReductionOptions
 from . import callbacks, elastic
 from ._callbacks import (
     BestModelCheckpoint,
@@ -146,5 +147,7 @@ def load_model(
     model = keras.models.load_model(filepath, custom_objects=objects or None)
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None:
-        wrap_in_place(optimizer, compression=compression, **distributed)
+        average = bool(distributed.pop("average_aggregated_gradients", False))
+        options = ReductionOptions(compression=compression, **distributed)
+        wrap_in_place(optimizer, options, average_aggregated_gradients=average)
     return model

@@ -33,7 +33,7 @@ from .._ops import ReduceOp
 from ..runtime.process_sets import ProcessSet, global_process_set
 from ._bridge import tf
 from ._compression import Compression
-from ._training import GradientReducer, local_layer_variables, variable_key
+from ._training import GradientReducer, ReductionOptions, local_layer_variables, variable_key
 
 __all__ = [
     "DistributedOptimizer",
@@ -177,64 +177,25 @@ def is_distributed(optimizer: Any) -> bool:
 
 
 def _reducer(
-    compression,
-    sparse_as_dense,
-    op,
-    gradient_predivide_factor,
-    num_groups,
-    groups,
-    process_set,
-    steps,
-    average_aggregated_gradients,
-    scale_local_gradients=True,
+    options: ReductionOptions, steps: int, average_aggregated_gradients: bool
 ) -> GradientReducer:
+    """Keras adds up ``steps`` accumulated gradients; Horovod averages them unless
+    ``average_aggregated_gradients`` (Keras then averages them itself)."""
     prescale = 1.0 if steps == 1 or average_aggregated_gradients else float(steps)
-    return GradientReducer(
-        compression,
-        sparse_as_dense,
-        op,
-        gradient_predivide_factor,
-        num_groups,
-        groups,
-        process_set,
-        prescale_factor=prescale,
-        scale_local_gradients=scale_local_gradients,
-    )
+    return GradientReducer(options, prescale_factor=prescale)
 
 
-def wrap_in_place(optimizer: Any, **kwargs: Any) -> Any:
+def wrap_in_place(
+    optimizer: Any, options: ReductionOptions, average_aggregated_gradients: bool = False
+) -> Any:
     """Make an existing optimizer (its variables and state kept) distributed — what
     ``load_model`` does to the optimizer of a loaded model."""
     if is_distributed(optimizer):
         return optimizer
     steps = optimizer.gradient_accumulation_steps or 1
     optimizer.__class__ = _distributed_class(type(optimizer))
-    optimizer._ring_reducer = _reducer(steps=steps, **_reducer_kwargs(**kwargs))
+    optimizer._ring_reducer = _reducer(options, steps, average_aggregated_gradients)
     return optimizer
-
-
-def _reducer_kwargs(
-    compression=Compression.none,
-    sparse_as_dense=False,
-    op=ReduceOp.Average,
-    gradient_predivide_factor=1.0,
-    num_groups=0,
-    groups=None,
-    process_set=global_process_set,
-    average_aggregated_gradients=False,
-    scale_local_gradients=True,
-) -> dict[str, Any]:
-    return {
-        "compression": compression,
-        "sparse_as_dense": sparse_as_dense,
-        "op": op,
-        "gradient_predivide_factor": gradient_predivide_factor,
-        "num_groups": num_groups,
-        "groups": groups,
-        "process_set": process_set,
-        "average_aggregated_gradients": average_aggregated_gradients,
-        "scale_local_gradients": scale_local_gradients,
-    }
 
 
 def DistributedOptimizer(
@@ -265,6 +226,16 @@ def DistributedOptimizer(
         raise ValueError(
             f"backward_passes_per_step must be an integer >= 1, got {backward_passes_per_step!r}"
         )
+    options = ReductionOptions(
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        op=op,
+        gradient_predivide_factor=gradient_predivide_factor,
+        num_groups=num_groups,
+        groups=groups,
+        process_set=process_set,
+        scale_local_gradients=scale_local_gradients,
+    )
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name
@@ -278,20 +249,7 @@ def DistributedOptimizer(
         config["gradient_accumulation_steps"] = backward_passes_per_step
     wrapped = _distributed_class(type(optimizer)).from_config(config)
     steps = wrapped.gradient_accumulation_steps or 1
-    wrapped._ring_reducer = _reducer(
-        steps=steps,
-        **_reducer_kwargs(
-            compression,
-            sparse_as_dense,
-            op,
-            gradient_predivide_factor,
-            num_groups,
-            groups,
-            process_set,
-            average_aggregated_gradients,
-            scale_local_gradients,
-        ),
-    )
+    wrapped._ring_reducer = _reducer(options, steps, average_aggregated_gradients)
     return wrapped
 
 

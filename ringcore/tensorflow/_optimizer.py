@@ -13,7 +13,7 @@ from ..runtime.process_sets import ProcessSet, global_process_set
 from ._bridge import tf
 from ._compression import Compression
 from ._keras_optimizer import DistributedOptimizer as keras_distributed
-from ._training import GradientReducer
+from ._training import GradientReducer, ReductionOptions
 
 __all__ = ["DistributedOptimizer"]
 
@@ -77,6 +77,7 @@ def DistributedOptimizer(
             num_groups=num_groups,
             groups=groups,
             process_set=process_set,
+            scale_local_gradients=scale_local_gradients,
         )
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         if backward_passes_per_step != 1:
@@ -85,13 +86,16 @@ def DistributedOptimizer(
                 f"got {backward_passes_per_step} with {type(optimizer).__name__}"
             )
         reducer = GradientReducer(
-            compression,
-            sparse_as_dense,
-            op,
-            gradient_predivide_factor,
-            num_groups,
-            groups,
-            process_set,
+            ReductionOptions(
+                compression=compression,
+                sparse_as_dense=sparse_as_dense,
+                op=op,
+                gradient_predivide_factor=gradient_predivide_factor,
+                num_groups=num_groups,
+                groups=groups,
+                process_set=process_set,
+                scale_local_gradients=scale_local_gradients,
+            )
         )
         return _V1DistributedOptimizer(optimizer, reducer, name, use_locking)
     raise TypeError(

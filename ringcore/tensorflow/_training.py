@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from .. import torch as C
@@ -16,6 +17,7 @@ __all__ = [
     "DistributedGradientTape",
     "GradientReducer",
     "PartialDistributedGradientTape",
+    "ReductionOptions",
     "broadcast_",
     "broadcast_global_variables",
     "broadcast_object_fn",
@@ -25,40 +27,50 @@ __all__ = [
 ]
 
 
-class GradientReducer:
-    """Averages a list of gradients over the ranks, as Horovod's TF bindings do: dense
-    gradients in ``num_groups`` fused groups (one group by default), ``IndexedSlices``
-    gathered (or made dense first with ``sparse_as_dense``); ``None`` passes through."""
+@dataclass(frozen=True)
+class ReductionOptions:
+    """How gradients are reduced over the ranks: the Horovod keyword arguments that
+    ``DistributedOptimizer``, ``DistributedGradientTape`` and Keras' ``load_model``
+    share, validated once here."""
 
-    def __init__(
-        self,
-        compression: Any = Compression.none,
-        sparse_as_dense: bool = False,
-        op: Any = ReduceOp.Average,
-        gradient_predivide_factor: float = 1.0,
-        num_groups: int = 0,
-        groups: Any = None,
-        process_set: ProcessSet = global_process_set,
-        prescale_factor: float = 1.0,
-        scale_local_gradients: bool = True,
-    ):
-        self.op = ReduceOp(int(op))
-        if groups is not None:
+    compression: Any = Compression.none
+    sparse_as_dense: bool = False
+    op: Any = ReduceOp.Average
+    gradient_predivide_factor: float = 1.0
+    num_groups: int = 0
+    groups: Any = None
+    process_set: ProcessSet = global_process_set
+    scale_local_gradients: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "op", ReduceOp(int(self.op)))
+        if self.groups is not None:
             raise NotImplementedError(
                 "groups= is not supported by ringcore.tensorflow yet; use num_groups=N "
                 "(gradients split into N fused groups) or leave both unset (one group)."
             )
-        if not isinstance(num_groups, int) or num_groups < 0:
-            raise ValueError(f"num_groups must be an integer >= 0, got {num_groups!r}")
-        if gradient_predivide_factor != 1.0 and self.op != ReduceOp.Average:
+        if not isinstance(self.num_groups, int) or self.num_groups < 0:
+            raise ValueError(f"num_groups must be an integer >= 0, got {self.num_groups!r}")
+        if self.gradient_predivide_factor != 1.0 and self.op != ReduceOp.Average:
             raise ValueError(
-                f"gradient_predivide_factor={gradient_predivide_factor} needs op=Average, "
-                f"got op={self.op.name}"
+                f"gradient_predivide_factor={self.gradient_predivide_factor} needs "
+                f"op=Average, got op={self.op.name}"
             )
-        self.compression, self.sparse_as_dense = compression, sparse_as_dense
-        self.predivide, self.num_groups = float(gradient_predivide_factor), num_groups
-        self.process_set, self.prescale = process_set, float(prescale_factor)
-        self.scale_local = scale_local_gradients
+
+
+class GradientReducer:
+    """Averages a list of gradients over the ranks, as Horovod's TF bindings do: dense
+    gradients in ``num_groups`` fused groups (one group by default), ``IndexedSlices``
+    gathered (or made dense first with ``sparse_as_dense``); ``None`` passes through.
+    ``prescale_factor`` multiplies them first (Keras' accumulated steps)."""
+
+    def __init__(self, options: ReductionOptions, prescale_factor: float = 1.0):
+        self.options = options
+        self.op = options.op
+        self.compression, self.sparse_as_dense = options.compression, options.sparse_as_dense
+        self.predivide = float(options.gradient_predivide_factor)
+        self.num_groups, self.process_set = options.num_groups, options.process_set
+        self.prescale, self.scale_local = float(prescale_factor), options.scale_local_gradients
 
     def _scales(self, prescale: bool = True) -> tuple[ReduceOp, float, float]:
         pre = self.prescale if prescale else 1.0
@@ -165,14 +177,16 @@ class DistributedGradientTape:
             )
         self._tape = gradtape
         self._reducer = GradientReducer(
-            compression,
-            sparse_as_dense,
-            op,
-            gradient_predivide_factor,
-            num_groups,
-            groups,
-            process_set,
-            scale_local_gradients=scale_local_gradients,
+            ReductionOptions(
+                compression=compression,
+                sparse_as_dense=sparse_as_dense,
+                op=op,
+                gradient_predivide_factor=gradient_predivide_factor,
+                num_groups=num_groups,
+                groups=groups,
+                process_set=process_set,
+                scale_local_gradients=scale_local_gradients,
+            )
         )
         self._local_sources: set[Any] = set()
 
