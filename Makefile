@@ -77,8 +77,8 @@ test: $(STAMP) $(CUR_STAMP) $(S35_STAMP)
 # ray 2.60, pyarrow 26, numpy 2, pandas < 3), without Petastorm (the Arrow reader), in
 # its own venv; the data / store / estimator / Spark / Ray tests that do not need petastorm.
 # `make test` runs it after the main suite.
-CURRENT_TESTS := tests/test_data.py tests/test_stores.py tests/test_estimators.py \
-	tests/test_estimators_persistence.py tests/test_spark_runner.py tests/test_ray_runner.py
+CURRENT_TESTS := tests/ringcore/test_data.py tests/estimators/test_stores.py tests/estimators/test_estimator_fit.py \
+	tests/estimators/test_estimator_persistence.py tests/spark_runner/test_spark_runner.py tests/ray_runner/test_ray_runner.py
 
 $(CUR_STAMP): pyproject.toml constraints-current.txt Makefile $(TORCH_STAMP) | $(UV)
 	test -x $(CUR_PY) || $(PYTHON) -m venv $(CUR_VENV)
@@ -97,8 +97,8 @@ test-current: $(CUR_STAMP)
 # installed first and ringtrain after it, without a pyspark pin (constraints-spark35.txt):
 # the install must leave the runtime's pyspark alone, and the stamp step fails if it did
 # not. Then the Spark runner, store, data and estimator tests (Connect: on 4.x only).
-S35_TESTS := tests/test_data.py tests/test_stores.py tests/test_estimators.py \
-	tests/test_estimators_persistence.py tests/test_spark_runner.py
+S35_TESTS := tests/ringcore/test_data.py tests/estimators/test_stores.py tests/estimators/test_estimator_fit.py \
+	tests/estimators/test_estimator_persistence.py tests/spark_runner/test_spark_runner.py
 
 $(S35_STAMP): pyproject.toml constraints-spark35.txt Makefile $(TORCH_STAMP) | $(UV)
 	test -x $(S35_PY) || $(PYTHON) -m venv $(S35_VENV)
@@ -123,8 +123,8 @@ test-spark35: $(S35_STAMP)
 # runner (local[2]) and persistence.
 S41_PYSPARK := 4.1.0
 S35_NEWEST_PYSPARK := 3.5.9
-S41_TESTS := tests/test_spark_connect.py tests/test_estimator_connect.py
-S35_NEWEST_TESTS := tests/test_spark_runner.py tests/test_estimators_persistence.py
+S41_TESTS := tests/spark_runner/test_spark_connect.py tests/estimators/test_estimator_connect.py
+S35_NEWEST_TESTS := tests/spark_runner/test_spark_runner.py tests/estimators/test_estimator_persistence.py
 
 build/pyspark-%/.installed: | $(UV)
 	$(UV_INSTALL) $(PY) --no-deps --target build/pyspark-$* "pyspark==$*"

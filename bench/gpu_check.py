@@ -1,8 +1,8 @@
 """The device check of the GPU path, in one run of a few minutes (called by gpu_check.sh).
 
-1. runs the GPU tests: with CUDA, ``pytest -m gpu`` on ``tests/test_gpu.py`` (size-1
+1. runs the GPU tests: with CUDA, ``pytest -m gpu`` on ``tests/ringcore/test_gpu.py`` (size-1
    NCCL ring, CUDA tensors through Gloo across 2 processes sharing the GPU, training
-   steps) and ``tests/test_gpu_runners.py`` (``RingEstimator(use_gpu=True)`` fit and
+   steps) and ``tests/end_to_end/test_gpu_runners.py`` (``RingEstimator(use_gpu=True)`` fit and
    transform on Spark ``local[1]``, ``RingTrainer`` / ``RayExecutor`` with ``use_gpu``
    on a local Ray); without CUDA both files whole (their CPU-side tests run, the ``gpu``
    ones skip);
@@ -52,7 +52,7 @@ MB = 1 << 20
 TARGET = 0.95
 ROUNDS = _common.MIN_ROUNDS
 WEIGHT_ATOL = 1e-4  # ours vs DDP final weights (same gradients averaged)
-TEST_FILES = ["tests/test_gpu.py", "tests/test_gpu_runners.py"]
+TEST_FILES = ["tests/ringcore/test_gpu.py", "tests/end_to_end/test_gpu_runners.py"]
 TESTS_MAX_S = 170.0  # Spark and Ray start-up (~30 s each on a GPU host) + the GPU tests
 CONFIG_MIN_S = 45.0  # a benchmark configuration needs about this much to be worth starting
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU device check: GPU tests (pytest -m gpu on tests/test_gpu.py and
-# tests/test_gpu_runners.py: NCCL ring, CUDA tensors through Gloo, training steps,
+# The GPU device check: GPU tests (pytest -m gpu on tests/ringcore/test_gpu.py and
+# tests/end_to_end/test_gpu_runners.py: NCCL ring, CUDA tensors through Gloo, training steps,
 # RingEstimator(use_gpu=True) fit + transform on Spark local[1], RingTrainer and
 # RayExecutor with use_gpu on a local Ray), allreduce on CUDA tensors ours vs raw
 # torch.distributed (1 MB - 1 GB), training samples/s ours vs DDP, one JSON report

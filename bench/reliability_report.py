@@ -69,7 +69,7 @@ def expected_rows(tests: pathlib.Path = TESTS) -> set[tuple[str, str]]:
     from the sources: a row whose tests did not run (a module skipped at collection,
     say) is then shown as missing instead of silently dropped."""
     rows = set()
-    for path in sorted(tests.glob("test_*.py")):
+    for path in sorted(tests.rglob("test_*.py")):
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue

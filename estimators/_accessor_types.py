@@ -4,7 +4,7 @@
 IDEs cannot see. :func:`render_accessors` writes, from the same tables, a mixin per class
 whose ``if TYPE_CHECKING:`` body declares every ``Param`` attribute and accessor with
 the types of :attr:`~estimators._params.ParamSpec.holds` / ``accepts``; the result is
-committed as ``_accessors.py`` and tests/test_estimator_signature.py checks it is current.
+committed as ``_accessors.py`` and tests/estimators/test_estimator_signature.py checks it is current.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ edit. Regenerate with::
 
     python -c "from estimators._accessor_types import write_accessors; write_accessors()"
 
-tests/test_estimator_signature.py fails when this file is not what the tables give. At
+tests/estimators/test_estimator_signature.py fails when this file is not what the tables give. At
 run time the classes are empty: ``with_params`` / ``with_horovod_params`` add the
 methods and ``Param`` attributes to the estimator and the model.
 """

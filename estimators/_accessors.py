@@ -5,7 +5,7 @@ edit. Regenerate with::
 
     python -c "from estimators._accessor_types import write_accessors; write_accessors()"
 
-tests/test_estimator_signature.py fails when this file is not what the tables give. At
+tests/estimators/test_estimator_signature.py fails when this file is not what the tables give. At
 run time the classes are empty: ``with_params`` / ``with_horovod_params`` add the
 methods and ``Param`` attributes to the estimator and the model.
 """

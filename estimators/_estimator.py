@@ -193,7 +193,7 @@ class RingEstimator(EstimatorAccessors, Estimator, MLWritable, MLReadable["RingE
         **horovod_params: Any,
     ) -> None:
         """Every param of ``ESTIMATOR_PARAMS`` as a keyword (its doc: ``explainParams()``),
-        defaults as in that table (tests/test_estimator_signature.py keeps them equal).
+        defaults as in that table (tests/estimators/test_estimator_signature.py keeps them equal).
         ``horovod_params``: Horovod's estimator params; at their Horovod defaults they
         change nothing, ``num_gpus`` maps onto ``use_gpu``, any other value raises with the
         ringtrain way (``HOROVOD_ONLY_PARAMS``); an unknown name raises TypeError."""

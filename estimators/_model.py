@@ -105,7 +105,7 @@ class RingModel(ModelAccessors, Model, MLWritable, MLReadable["RingModel"]):
         use_gpu: bool | None = None,
     ) -> None:
         """Every param of ``MODEL_PARAMS`` as a keyword, defaults as in that table
-        (tests/test_estimator_signature.py keeps them equal)."""
+        (tests/estimators/test_estimator_signature.py keeps them equal)."""
         super().__init__()
         init_params(self, MODEL_PARAMS, self.__dict__.pop("_input_kwargs"))
 

@@ -10,7 +10,7 @@ DataFrame (or give a better message with it) happen in ``fit``.
 The table is also the source of the types: each converter names the type it accepts
 and the type it holds (:attr:`ParamSpec.accepts`, :attr:`ParamSpec.holds`). The
 constructors' explicit keyword-only signatures are checked against the table
-(tests/test_estimator_signature.py), and ``_accessor_types.render_accessors`` writes
+(tests/estimators/test_estimator_signature.py), and ``_accessor_types.render_accessors`` writes
 the typed declarations of every generated accessor that type checkers read
 (``_accessors.py``, committed; the same test checks it is current).
 """

@@ -20,7 +20,7 @@
 import os
 import tempfile
 
-# RING_NOTEBOOK_QUICK=1 (tests/test_notebooks.py sets it) trains for fewer epochs.
+# RING_NOTEBOOK_QUICK=1 (tests/end_to_end/test_notebooks.py sets it) trains for fewer epochs.
 QUICK = os.environ.get("RING_NOTEBOOK_QUICK") == "1"
 ON_DATABRICKS = "DATABRICKS_RUNTIME_VERSION" in os.environ
 

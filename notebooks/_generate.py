@@ -9,7 +9,7 @@ Edit the ``.py``, then regenerate the notebooks and commit both::
 
     python notebooks/_generate.py
 
-``tests/test_notebooks.py`` fails when a stored notebook differs from what this script
+``tests/end_to_end/test_notebooks.py`` fails when a stored notebook differs from what this script
 writes (or holds outputs), and executes every notebook headless. The ``.ipynb`` are
 stored without outputs, with stable cell ids (``cell-00``, ...), so a rebuild of an
 unchanged source changes nothing.

@@ -30,7 +30,7 @@ variables; this module is the contract between a launcher and ``ringcore.init()`
 
 Everything here is stable API between ringtrain's packages; the rooms behind it
 (``ringcore.runtime``, ``.engine``, ``.backends``, ...) and the underscore modules are
-not, and no other package imports them (tests/test_layering.py).
+not, and no other package imports them (tests/project/test_layering.py).
 Importing this module imports no framework (torch is loaded by ``init()``).
 """
 

@@ -2,8 +2,8 @@
 (``spark-submit --class ...SparkConnectServer``) on 127.0.0.1, and a client session on
 it; both stopped at the end (the server by PID, with the Python workers it started).
 
-Used by tests/test_spark_connect.py (spark_runner on Connect) and
-tests/test_estimator_connect.py (RingEstimator on Connect); no conftest, so each module
+Used by tests/spark_runner/test_spark_connect.py (spark_runner on Connect) and
+tests/estimators/test_estimator_connect.py (RingEstimator on Connect); no conftest, so each module
 starts one server of its own for as long as it runs.
 """
 

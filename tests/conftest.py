@@ -3,7 +3,7 @@
 The JVMs the tests start (Spark drivers, local-cluster executors, standalone masters and
 workers, Spark Connect servers) live for seconds to a minute and run little code hot,
 so they get C1 alone (``-XX:TieredStopAtLevel=1``) and the serial collector, which change
-nothing they compute. Measured on 2 cores: test_estimators.py + test_spark_runner.py
+nothing they compute. Measured on 2 cores: test_estimator_fit.py + test_spark_runner.py
 184 -> 169 s; the whole main suite showed no gain on a noisy machine (61.8 min with the
 flags, 58.1 without, the same afternoon). ``JAVA_TOOL_OPTIONS`` reaches every JVM started below
 this process, whatever starts it; a value already set wins (``JAVA_TOOL_OPTIONS=``,

@@ -2,7 +2,7 @@
 
 ``python tools/architecture.py`` rewrites the blocks between ``<!-- generated:NAME -->``
 and ``<!-- end generated -->`` in docs/architecture.md; ``--check`` only says whether
-they are current (exit 1 when not). ``tests/test_architecture_diagrams.py`` fails when
+they are current (exit 1 when not). ``tests/project/test_architecture_diagrams.py`` fails when
 the document drifts from the code.
 
 - ``packages``: who imports whom between ringtrain's packages; ringcore is drawn as the
@@ -10,7 +10,7 @@ the document drifts from the code.
 - ``rooms``: the rooms of ringcore (its subpackages and public modules; the underscore
   modules at its top are one node, "leaves"). An arrow is a direct import; an arrow
   that a longer path already implies is left out (the transitive reduction), so the
-  drawing stays readable; the graph has no circle (``tests/test_import_graph.py``).
+  drawing stays readable; the graph has no circle (``tests/project/test_import_graph.py``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ script printed, and every target met or missed with its reason. A JSON from befo
 since it recorded neither commit, rounds nor checks; a JSON in the shared schema that
 lacks any of them (or a reason for a missed target) stops the tool naming the field. ``--check`` changes nothing and
 exits 1 when a block differs from what the JSON gives (a hand edit, or a stale block);
-tests/test_bench_tables.py runs it. Usage:
+tests/project/test_bench_tables.py runs it. Usage:
 
     python tools/bench_tables.py [--check] [--results bench/results] [FILE ...]
 """

@@ -92,7 +92,7 @@ KNOWN_NOT_OURS: dict[str, str] = {
     "test_horovod_syncbn_cpu": (
         "Keras 3: the test's reference tf.keras.layers.BatchNormalization(fused=False) is "
         "rejected ('Unrecognized keyword arguments') before our SyncBatchNormalization "
-        "runs (tests/test_keras.py compares ours with BatchNormalization on the whole batch)"
+        "runs (tests/ringcore/test_keras.py compares ours with BatchNormalization on the whole batch)"
     ),
     "test_broadcast_state": _MUON,
     "test_broadcast_state_options": _MUON,

@@ -6,7 +6,7 @@ import name`` is an edge to the module ``pkg.name`` when there is one, else to `
 (its ``__init__``); ``import a.b`` is an edge to ``a.b`` alone (the packages above it
 run first, but they do not depend on it).
 
-Used by ``tests/test_import_graph.py`` (no circle in any package) and
+Used by ``tests/project/test_import_graph.py`` (no circle in any package) and
 ``tools/architecture.py`` (the package diagrams of docs/architecture.md).
 """
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-TOOLS = Path(__file__).resolve().parent.parent / "tools"
+TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
 
 MODULES = ("examples", "example_table", "conformance", "horovod_shim")

@@ -20,7 +20,7 @@ import pytest
 from ringcore import CollectiveMismatchError, RingError
 from ringcore.testing import run_workers
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ALL_DTYPES = (
     "uint8",
     "int8",

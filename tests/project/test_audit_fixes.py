@@ -1,6 +1,6 @@
 """Audit fixes: forged worker-error blobs, fits racing on one store, Spark's retry rule,
 run_id paths, a params change under one run_id, checkpoint durability. (Temp-file
-cleanup: tests/test_stores.py and tests/test_checkpoint_fencing.py.)"""
+cleanup: tests/estimators/test_stores.py and tests/estimators/test_checkpoint_fencing.py.)"""
 
 from __future__ import annotations
 

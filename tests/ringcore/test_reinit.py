@@ -17,7 +17,7 @@ from _servers import free_port
 
 from ringcore.rendezvous.store_server import host_store, hosted_store, stop_store_server
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Each cycle: init, a sum over the ring, then the rank named by LINGER[cycle] (if any)
 # stays a second in the ring the other rank has already left before it shuts down.

@@ -42,7 +42,7 @@ from ringcore.testing import run_workers
 
 SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OURS = tuple(os.path.join(ROOT, pkg) + os.sep for pkg in ("estimators", "spark_runner", "ringcore"))
 ROWS = 64
 

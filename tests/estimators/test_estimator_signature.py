@@ -16,7 +16,7 @@ from estimators import RingEstimator, RingModel
 from estimators._accessor_types import render_accessors
 from estimators._params import ESTIMATOR_PARAMS, HOROVOD_ONLY_PARAMS, MODEL_PARAMS, accessor_names
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 CLASSES = [(RingEstimator, ESTIMATOR_PARAMS), (RingModel, MODEL_PARAMS)]
 
 

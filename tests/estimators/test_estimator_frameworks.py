@@ -42,7 +42,7 @@ from estimators.frameworks.torch._framework import TorchFramework
 from estimators.frameworks.torch._loop import train
 from estimators.frameworks.torch._spec import TorchSpec
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILT_IN = ("torch", "lightning", "keras")
 # The interface: every public member of the base class (attributes and methods).
 MEMBERS = sorted(name for name in vars(Framework) if not name.startswith("_"))

@@ -6,7 +6,7 @@ import importlib.util
 import pathlib
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location(
     "reliability_report", ROOT / "bench" / "reliability_report.py"
 )

@@ -4,7 +4,7 @@ shape or dtype under a cached name falls back to the full request (and a disagre
 still raises on every rank), async ops in different orders still match, and a joined rank
 reads bare ids too. Observed through ``Engine.stats`` and ``Coordinator.stats``, never time.
 The ranks run with ``RING_FAST_LANE=0``: on one host a blocking cached op would otherwise
-skip the coordinator altogether (tests/test_fast_lane.py covers that lane).
+skip the coordinator altogether (tests/ringcore/test_fast_lane.py covers that lane).
 """
 
 from __future__ import annotations

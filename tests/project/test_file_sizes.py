@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 MAX_LINES = 500
 
 # the packages held to it (one line per package)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 _spec = importlib.util.spec_from_file_location("architecture", ROOT / "tools" / "architecture.py")
 architecture = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(architecture)

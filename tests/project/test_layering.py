@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # package -> top-level modules it must never import (anywhere in its files)
 FORBIDDEN = {

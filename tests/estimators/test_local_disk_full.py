@@ -1,7 +1,7 @@
 """A worker's local disk full while it copies the training data from a remote store: a
 tiny tmpfs (root mounts it; skipped with the reason elsewhere) is the workers' TMPDIR.
 Workers copy only for a store made with ``local_copy=True`` (else they read in place,
-streamed: tests/test_data_streaming.py). The copy fails with an error that names the
+streamed: tests/estimators/test_data_streaming.py). The copy fails with an error that names the
 local disk, the sizes and the fix — not the store, which is fine — and leaves nothing
 on the small disk."""
 

@@ -324,7 +324,7 @@ def test_an_unfitted_estimator_in_a_pipeline_saves_and_loads(spark, tmp_path):
 def test_the_migration_guide_lists_every_estimator_param_with_its_counterparts():
     from estimators._params import ESTIMATOR_PARAMS
 
-    docs = pathlib.Path(__file__).resolve().parent.parent / "docs" / "migrating-from-horovod.md"
+    docs = pathlib.Path(__file__).resolve().parents[2] / "docs" / "migrating-from-horovod.md"
     header = "| ringtrain param (default) | Horovod | Ray Train / Lightning | what it does |"
     lines = docs.read_text().split(header + "\n")[1].splitlines()[1:]
     rows = {}  # | `name` (`default`) | Horovod | Ray Train / Lightning | what it does |

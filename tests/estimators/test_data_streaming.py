@@ -22,7 +22,7 @@ from estimators.data._parquet_writer import pick_writer
 from estimators.data._readers import ValidationShard
 from ringcore.data import make_reader
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUCKET = "ringtrain-test"
 GROUP_ROWS = [30, 30, 20]  # per file: three row groups
 

@@ -30,7 +30,7 @@ psutil = pytest.importorskip("psutil")
 pytest.importorskip("ipykernel")
 pytest.importorskip("jupytext")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 KERNEL_NAME = "ringtrain-test"
 CELL_TIMEOUT_S = 240
