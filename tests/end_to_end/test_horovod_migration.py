@@ -459,8 +459,6 @@ def test_fit_on_parquet_takes_horovods_call_shape_and_reads_the_stores_prepared_
 def test_the_migration_guide_lists_every_horovod_only_param():
     from pathlib import Path
 
-    text = (
-        Path(__file__).resolve().parents[2] / "docs" / "migrating-from-horovod.md"
-    ).read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "migrating-from-horovod.md").read_text()
     missing = [p.name for p in HOROVOD_ONLY_PARAMS if f"| `{p.name}` |" not in text]
     assert missing == [], "add these to the Horovod param table of docs/migrating-from-horovod.md"
