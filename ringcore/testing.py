@@ -1,7 +1,8 @@
 """``run_workers(fn, np=2)``: run a function on ``np`` local ranks over Gloo on 127.0.0.1.
 
 The parent process hosts the job's store (a coordinator that outlives every rank),
-starts one spawned process per rank with the rendezvous environment set (and a fresh
+starts one process per rank (forked from a server with torch loaded: ``ringcore._ranks``)
+with the rendezvous environment set (and a fresh
 per-job ``RING_SECRET_KEY``), and
 returns each rank's result ordered by rank — or raises :class:`WorkerError` with
 the first failing rank's traceback after ending the other ranks.
@@ -10,7 +11,6 @@ the first failing rank's traceback after ending the other ranks.
 from __future__ import annotations
 
 import datetime
-import multiprocessing
 import os
 import time
 from multiprocessing.connection import wait
@@ -19,6 +19,7 @@ from typing import Any
 import cloudpickle
 
 from . import _config as cfg
+from . import _ranks
 from ._auth import new_secret
 from ._errors import RingError, WorkerError
 from .elastic.driver import ElasticDriver
@@ -74,7 +75,7 @@ class _Workers:
     """The spawned rank processes of one ``run_workers`` call, and their results."""
 
     def __init__(self, fn, args, kwargs, env, port: int, elastic: bool):
-        self.ctx = multiprocessing.get_context("spawn")
+        self.ctx = _ranks.context()
         self.secret = new_secret()  # one per job; env= may override RING_SECRET_KEY
         self.payload = cloudpickle.dumps((fn, args, kwargs or {}))
         self.env, self.port, self.elastic = env or {}, port, elastic
@@ -89,11 +90,8 @@ class _Workers:
             rank_env.update({cfg.ELASTIC_ENV_VAR: "1", cfg.WORKER_ID_ENV_VAR: str(r)})
         rank_env.update(self.env)
         parent_conn, child_conn = self.ctx.Pipe(duplex=False)
-        p = self.ctx.Process(
-            target=_child,
-            args=(self.payload, rank_env, child_conn),
-            daemon=True,
-            name=f"ring-rank-{r}",
+        p = _ranks.process(
+            self.ctx, _child, (self.payload, rank_env, child_conn), rank_env, f"ring-rank-{r}"
         )
         p.start()
         child_conn.close()
