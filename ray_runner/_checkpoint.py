@@ -27,6 +27,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ringcore.runs import fsync_tree, write_file
+
 from . import _constants as const
 
 __all__ = ["Checkpoint", "CheckpointStore", "Committed"]
@@ -213,8 +215,6 @@ class CheckpointStore:
             )
         import pyarrow.fs as pafs
 
-        from ._storage import fsync_tree
-
         target = self.folder(index) if rank == 0 else self.staging(index, rank)
         files = local_files(checkpoint.path) if not checkpoint._remote else None
         self.filesystem.create_dir(target, recursive=True)
@@ -271,16 +271,9 @@ class CheckpointStore:
         final = self._record(index)
         import pyarrow.fs as pafs
 
-        from ._storage import fsync_tree_entry
-
-        if isinstance(self.filesystem, pafs.LocalFileSystem):  # write + rename: whole or absent
-            tmp = final + ".tmp"
-            with open(tmp, "w") as fh:
-                fh.write(record)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, final)
-            fsync_tree_entry(os.path.dirname(final))  # the rename itself survives a crash
+        if isinstance(self.filesystem, pafs.LocalFileSystem):
+            # a temporary fsynced, renamed, the folder fsynced: whole or absent after a crash
+            write_file(final, lambda fh: fh.write(record.encode()))
         else:  # an object store's PUT is atomic
             with self.filesystem.open_output_stream(final) as out:
                 out.write(record.encode())

@@ -13,16 +13,18 @@ and logs ``train_loop_config`` as params (nested dicts flattened with ``/``). Ev
 report of rank 0 is logged as it reaches the driver: its numbers as metrics, step = the
 report's number (from 1, Ray's ``training_iteration``). At the end the run is
 ``FINISHED``, with the final checkpoint's files as the ``checkpoint`` artifact when
-``save_artifact=True``; a run that fails ends ``FAILED``.
+``save_artifact=True``; a run that fails ends ``FAILED``. The logging itself is the
+run-services layer's (:class:`ringcore.runs.MlflowLog`, :func:`ringcore.runs.numeric`),
+shared with the estimators' MLflow tracking.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
-import time
 from typing import Any
+
+from ringcore.runs import MlflowLog, numeric
 
 from ._callbacks import Callback
 
@@ -30,28 +32,6 @@ __all__ = ["MLflowLoggerCallback"]
 
 #: the artifact folder of the final checkpoint's files
 CHECKPOINT_ARTIFACT = "checkpoint"
-_MAX_PARAM_CHARS = 6000  # what an MLflow tracking server keeps of a param value
-
-
-def flatten(data: dict, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a/b": 1}``."""
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{name}/"))
-        else:
-            flat[name] = value
-    return flat
-
-
-def numeric(metrics: dict) -> dict[str, float]:
-    """The finite numbers of ``metrics`` (flattened); bools and text are left out."""
-    return {
-        k: float(v)
-        for k, v in flatten(metrics).items()
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    }
 
 
 class MLflowLoggerCallback(Callback):
@@ -90,6 +70,7 @@ class MLflowLoggerCallback(Callback):
         self.save_artifact = save_artifact
         self.run_id: str | None = None  # the MLflow run of the latest RingTrainer run
         self._client: Any = None
+        self._log: MlflowLog | None = None
         self._step = 0
 
     def _experiment_id(self) -> str:
@@ -110,30 +91,24 @@ class MLflowLoggerCallback(Callback):
         tags = {"ringtrain.run_path": path, **self.tags}
         run = self._client.create_run(self._experiment_id(), run_name=name, tags=tags)
         self.run_id = run.info.run_id
-        params = [(k, str(v)[:_MAX_PARAM_CHARS]) for k, v in flatten(config or {}).items()]
-        if params:
-            from mlflow.entities import Param
-
-            self._client.log_batch(self.run_id, params=[Param(k, v) for k, v in params])
+        self._log = MlflowLog(self.run_id, self._client)
+        self._log.log_params(config or {})
 
     def on_report(self, metrics: dict, checkpoint: Any) -> None:
-        from mlflow.entities import Metric
-
         self._step += 1
-        stamp = int(time.time() * 1000)
-        batch = [Metric(k, v, stamp, self._step) for k, v in numeric(metrics).items()]
-        if batch:
-            self._client.log_batch(self.run_id, metrics=batch)
+        assert self._log is not None  # on_start came first
+        self._log.log_metrics(numeric(metrics), self._step)
 
     def on_end(self, result: Any) -> None:
+        assert self._log is not None
         if self.save_artifact and result.checkpoint is not None:
             local = result.checkpoint.to_directory()
             try:
-                self._client.log_artifacts(self.run_id, local, artifact_path=CHECKPOINT_ARTIFACT)
+                self._log.log_artifacts(local, CHECKPOINT_ARTIFACT)
             finally:
                 shutil.rmtree(local, ignore_errors=True)
-        self._client.set_terminated(self.run_id, status="FINISHED")
+        self._log.end("FINISHED")
 
     def on_error(self, error: BaseException) -> None:
-        if self.run_id is not None:
-            self._client.set_terminated(self.run_id, status="FAILED")
+        if self._log is not None:
+            self._log.end("FAILED")

@@ -11,16 +11,17 @@ per-report lines of ``verbose=1`` go through it (a terminal bar stays whole).
 
 On with ``RunConfig(verbose=1)`` (the default) unless ``RunConfig(progress=False)``
 or ``RING_PROGRESS=0``. It is a driver-side :class:`Callback` the trainer adds after
-the user's callbacks.
+the user's callbacks. (The estimators show rank 0's progress file on the same display:
+``ringcore.runs.RunWatcher``; both pick a report's numbers with ``ringcore.runs.numeric``.)
 """
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, TextIO
 
 from ringcore.progress import ProgressDisplay, progress_enabled
+from ringcore.runs import numeric
 
 from ._callbacks import Callback
 
@@ -31,18 +32,6 @@ UPDATE_INTERVAL_S = 0.3
 
 # keys of the display's own; a report's metric of that name is not shown as a metric
 _RESERVED = ("epoch", "epochs", "step", "steps", "total", "rows_per_s", "steps_per_s")
-
-
-def _numbers(metrics: dict) -> dict[str, float]:
-    return {
-        k: float(v)
-        for k, v in metrics.items()
-        if isinstance(k, str)
-        and k not in _RESERVED
-        and isinstance(v, (int, float))
-        and not isinstance(v, bool)
-        and math.isfinite(v)
-    }
 
 
 class ProgressCallback(Callback):
@@ -72,7 +61,10 @@ class ProgressCallback(Callback):
             self._first = now
         if self.verbose:
             self.display.write(Reports._line(self._reports, metrics, checkpoint))
-        progress: dict[str, Any] = {"step": self._reports, **_numbers(metrics)}
+        progress: dict[str, Any] = {
+            "step": self._reports,
+            **numeric(metrics, skip=_RESERVED, nested=False),
+        }
         if self._reports > 1 and now > self._first:
             progress["steps_per_s"] = (self._reports - 1) / (now - self._first)
         self._latest = progress

@@ -16,7 +16,6 @@ removes a probe file in the run folder before any worker starts.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import posixpath
 import uuid
@@ -170,27 +169,3 @@ def check_writable(storage: Storage, run_dir: str) -> None:
         ) from exc
     with contextlib.suppress(OSError):
         storage.filesystem.delete_file(probe)
-
-
-def _fsync(target: str, directory: bool) -> None:
-    fd = os.open(target, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
-    try:
-        os.fsync(fd)
-    except OSError as exc:  # a folder some filesystems cannot fsync; EIO still raises
-        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise
-    finally:
-        os.close(fd)
-
-
-def fsync_tree_entry(folder: str) -> None:
-    """fsync the local ``folder`` itself: its entries (a rename into it) reach the disk."""
-    _fsync(folder, directory=True)
-
-
-def fsync_tree(path: str) -> None:
-    """fsync every file and folder under the local ``path`` (a crash leaves it whole or absent)."""
-    for folder, _, files in os.walk(path, topdown=False):
-        for file in files:
-            _fsync(os.path.join(folder, file), directory=False)
-        _fsync(folder, directory=True)

@@ -11,26 +11,24 @@ folder (``<storage_path>/<name>/``) or into ``logdir`` when given (a local folde
 the run folder is in remote storage (``s3://...``), the file is written to a local
 temporary folder and uploaded into the run folder through the run's filesystem at most
 every ``upload_interval_s`` seconds and when the run ends. Needs ``tensorboardX``
-(``pip install 'ringtrain[tensorboard]'``); ``estimators.read_tensorboard_scalars``'s
-reader (:func:`estimators.tracking._tensorboard.read_scalars`) reads the files back.
+(``pip install 'ringtrain[tensorboard]'``). The event file is the run-services layer's
+:class:`ringcore.runs.EventWriter`, as the estimators' rank 0 writes its scalars, and
+:func:`ringcore.runs.read_scalars` reads the files back.
 """
 
 from __future__ import annotations
 
-import glob
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterable
 from typing import Any
 
+from ringcore.runs import EventWriter, numeric
+
 from ._callbacks import Callback
-from ._mlflow_callback import numeric
 
 __all__ = ["TBXLoggerCallback", "bind_storage"]
 
-EVENT_GLOB = "events.out.tfevents.*"
 #: a remote run folder gets the event file at most this often (and at the end)
 UPLOAD_INTERVAL_S = 30.0
 
@@ -67,20 +65,17 @@ class TBXLoggerCallback(Callback):
         self.logdir = None if logdir is None else os.path.abspath(os.fspath(logdir))
         self.upload_interval_s = float(upload_interval_s)
         self._filesystem: Any = None  # the run's (bind_storage); None: this machine's disk
-        self._writer: Any = None
-        self._tmp: str | None = None
-        self._remote_dir: str | None = None
+        self._writer: EventWriter | None = None
         self._step = 0
         self._uploaded = 0.0
 
     @property
     def folder(self) -> str | None:
         """The local folder the event file is written to (None before the run starts)."""
-        return None if self._writer is None else self._writer.logdir
+        return None if self._writer is None else self._writer.folder
 
     def on_start(self, *, name: str, path: str, config: dict | None) -> None:
         import pyarrow.fs as pafs
-        from tensorboardX import SummaryWriter
 
         self._close()
         self._step = 0
@@ -88,46 +83,35 @@ class TBXLoggerCallback(Callback):
             self._filesystem, pafs.LocalFileSystem
         )
         if self.logdir is not None:
-            folder = self.logdir
+            self._writer = EventWriter(self.logdir)
         elif remote:
-            folder = self._tmp = tempfile.mkdtemp(prefix="ringtrain-tbx-")
-            self._remote_dir = path
+            self._writer = EventWriter(upload=self._uploader(path))
         else:
-            folder = path
-        os.makedirs(folder, exist_ok=True)
-        self._writer = SummaryWriter(logdir=folder, flush_secs=30)
+            self._writer = EventWriter(path)
         self._uploaded = time.monotonic()
 
-    def on_report(self, metrics: dict, checkpoint: Any) -> None:
-        self._step += 1
-        for tag, value in numeric(metrics).items():
-            self._writer.add_scalar(tag, value, global_step=self._step)
-        if self._tmp is not None and time.monotonic() - self._uploaded >= self.upload_interval_s:
-            self._flush()
+    def _uploader(self, run_dir: str) -> Any:
+        filesystem = self._filesystem
 
-    def _flush(self) -> None:
-        self._writer.flush()
-        if self._tmp is None:
-            return
-        self._uploaded = time.monotonic()
-        for local in glob.glob(os.path.join(self._tmp, EVENT_GLOB)):
-            with open(local, "rb") as f:
-                data = f.read()
-            target = f"{self._remote_dir}/{os.path.basename(local)}"
-            with self._filesystem.open_output_stream(target) as out:
+        def upload(name: str, data: bytes) -> None:
+            with filesystem.open_output_stream(f"{run_dir}/{name}") as out:
                 out.write(data)
 
+        return upload
+
+    def on_report(self, metrics: dict, checkpoint: Any) -> None:
+        assert self._writer is not None  # on_start came first
+        self._step += 1
+        for tag, value in numeric(metrics).items():
+            self._writer.add(tag, value, self._step)
+        if self._writer.uploads and time.monotonic() - self._uploaded >= self.upload_interval_s:
+            self._uploaded = time.monotonic()
+            self._writer.flush()
+
     def _close(self) -> None:
-        if self._writer is None:
-            return
-        try:
-            self._flush()
-        finally:
-            self._writer.close()
-            self._writer = None
-            if self._tmp is not None:
-                shutil.rmtree(self._tmp, ignore_errors=True)
-                self._tmp = None
+        if self._writer is not None:
+            writer, self._writer = self._writer, None
+            writer.close()
 
     def on_end(self, result: Any) -> None:
         self._close()

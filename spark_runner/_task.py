@@ -1,7 +1,7 @@
 """What runs inside each Spark task of the barrier stage.
 
 The attempt number (``RING_SPARK_ATTEMPT``) orders checkpoint writers, ``(fit,
-attempt)`` in ``estimators.store._checkpoints``: a retried stage's tasks must count as newer than
+attempt)`` in ``ringcore.runs.checkpoints``: a retried stage's tasks must count as newer than
 a zombie of the attempt before, never equal. The driver's log server hands out the
 stage attempt (Spark's own on a classic session, counted from connections on Spark
 Connect), and the ranks take the largest any of them got, so they agree. PySpark tells

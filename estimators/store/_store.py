@@ -2,35 +2,30 @@
 
 :meth:`Store.create` picks the implementation for a prefix: :class:`LocalStore` for a
 path every worker mounts, :class:`VolumeStore` / :class:`DBFSLocalStore` for Databricks'
-FUSE mounts, :class:`FsspecStore` for any other URL. Paths under the prefix are the layout's
-(``_layout``); which checkpoint is the run's is ``_checkpoints``'. A Store is plain,
-picklable data: it crosses to the workers, which write checkpoints through it.
+FUSE mounts, :class:`FsspecStore` for any other URL. Each is the run-services layer's
+store of runs (:class:`ringcore.runs.LocalRunStore`, :class:`ringcore.runs.FsspecRunStore`:
+whole-file writes, the run's checkpoints and who may write them) with the Spark side
+added: the data folders, the URLs Spark writes Parquet by, the workers' readers. Paths
+under the prefix are the layout's (``_layout``). A Store is plain, picklable data: it
+crosses to the workers, which write checkpoints through it.
 """
 
 from __future__ import annotations
 
-import abc
-import logging
 import os
 import posixpath
-import re
-import shutil
 import threading
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, BinaryIO, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-from ._atomic import PREVIOUS_SUFFIX, write_file
-from ._checkpoints import (
-    CHECKPOINT_FILE,
+from ringcore.runs import (
     ClaimUnreadableError,
-    InPlaceCheckpoints,
-    PerWriterCheckpoints,
+    FsspecRunStore,
+    LocalRunStore,
+    RunStore,
     StaleWriterError,
-    checkpoint_problem,
-    worth_keeping,
 )
+
 from ._databricks import (
     DATABRICKS_ENV_VAR,
     DBFS_ROOT_ENV_VAR,
@@ -55,24 +50,18 @@ __all__ = [
     "VolumeStore",
 ]
 
-log = logging.getLogger("ringtrain.estimators")
-
 # Spark (Hadoop) spells some fsspec schemes differently.
 _SPARK_SCHEMES = {"s3": "s3a", "gcs": "gs"}
 PARQUET_WRITERS = ("auto", "spark", "arrow")
 _CLAIM_LOCK = threading.Lock()
-_GLOB_MAGIC = re.compile(r"[*?[]")
 
 
-def _keeps_previous(path: str) -> bool:
-    return posixpath.basename(path) == CHECKPOINT_FILE
-
-
-class Store(StoreLayout, StoreFiles):
+class Store(StoreLayout, StoreFiles, RunStore):
     """Base of every store; make one with :meth:`Store.create`.
 
-    Paths derive from ``prefix_path`` (``StoreLayout``); subclasses do the I/O
-    (``StoreFiles``).
+    Paths derive from ``prefix_path`` (``StoreLayout``); a run's files and checkpoints
+    are the run-services layer's (:class:`ringcore.runs.RunStore`), the data's I/O is
+    ``StoreFiles``'.
     """
 
     prefix_path: str
@@ -141,50 +130,6 @@ class Store(StoreLayout, StoreFiles):
             return LocalStore(prefix_path[len("file://") :])
         return LocalStore(prefix_path)
 
-    # --- who may write a run's checkpoints (estimators.store._checkpoints) -----------------
-    #
-    # A writer is (fit, attempt): the driver's time_ns() when the fit started and the
-    # Spark stage attempt. Rank 0 of each attempt claims the run when it starts; from
-    # then on no older writer's checkpoint (a zombie attempt's) is ever the one read.
-
-    @property
-    @abc.abstractmethod
-    def _checkpoints(self) -> InPlaceCheckpoints | PerWriterCheckpoints:
-        """How this store keeps run checkpoints: in place under a lock, or per writer."""
-
-    def claim_run(self, run_id: str, writer: tuple[int, int]) -> None:
-        """The run's checkpoints are ``writer``'s from now on (rank 0, as an attempt
-        starts); a StaleWriterError when a newer writer claimed them already, a
-        ClaimUnreadableError when the claim cannot be read (the store failing)."""
-        self._checkpoints.claim(run_id, (int(writer[0]), int(writer[1])))
-
-    def write_checkpoint(
-        self, run_id: str, writer: tuple[int, int], write: Callable[[BinaryIO], object]
-    ) -> None:
-        """Write the run's checkpoint with ``write(file)``, whole or not at all, keeping
-        the one before it; a StaleWriterError (nothing written) when a newer writer than
-        ``writer`` has claimed the run, checked at the commit point."""
-        self._checkpoints.write(run_id, (int(writer[0]), int(writer[1])), write)
-
-    def find_checkpoint(self, run_id: str) -> str | None:
-        """The run's checkpoint file to resume from, if any: the owner's newest.
-
-        A checkpoint that is empty, truncated or fails its CRCs (what a host crash can
-        leave) is passed over, with a warning naming it, for the previous one kept beside
-        it (``checkpoint.pt.prev``). When no whole one is left, the newest damaged one is
-        returned, so the caller's error names it. Runs of the layout before
-        ``checkpoint/`` (``runs/<run_id>/checkpoint.pt``) are found too."""
-        return self._checkpoints.find(run_id)
-
-    def checkpoint_problem(self, path: str) -> str | None:
-        """Why the checkpoint file at ``path`` is not whole, or None (see
-        :func:`estimators.store._checkpoints.checkpoint_problem`)."""
-        try:
-            with self.open_read(path) as f:
-                return checkpoint_problem(f)
-        except OSError as exc:
-            return f"unreadable: {type(exc).__name__}: {exc}"
-
     def next_data_index(self) -> int:
         """Claim the first ``i`` with neither ``intermediate_train_data.<i>`` nor ``..val..``
         present, by creating its claim marker exclusively: two fits on one store (threads
@@ -208,56 +153,14 @@ class Store(StoreLayout, StoreFiles):
         self.rm(self.get_data_claim_path(idx))
 
 
-def _tmp_name(path: str) -> str:
-    """A temporary name beside ``path`` that is this writer's own."""
-    return f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-
-
 @dataclass(frozen=True)
-class LocalStore(Store):
-    """A store on a filesystem every worker mounts at the same path (local disk in local mode)."""
-
-    prefix_path: str
-
-    def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "prefix_path", os.path.abspath(os.path.expanduser(self.prefix_path))
-        )
+class LocalStore(LocalRunStore, Store):
+    """A store on a filesystem every worker mounts at the same path (local disk in local
+    mode): a run's files are :class:`ringcore.runs.LocalRunStore`'s, Spark reads and
+    writes its Parquet by ``file://`` URL, in place."""
 
     def url(self, path: str) -> str:
         return "file://" + path
-
-    def exists(self, path: str) -> bool:
-        return os.path.exists(path)
-
-    def open_read(self, path: str) -> BinaryIO:
-        return open(path, "rb")
-
-    @property
-    def _checkpoints(self) -> InPlaceCheckpoints:
-        return InPlaceCheckpoints(self)
-
-    def write_atomic(self, path: str, write: Callable[[BinaryIO], object]) -> None:
-        """As :meth:`Store.write_atomic`, through ``estimators.store._atomic.write_file``: the
-        temporary is locked by its writer, and a writer SIGKILLed mid-write (a lost
-        worker, an earlier attempt) left one that the next good write of the same path
-        removes; a live writer's is never removed."""
-        keep = (lambda p: worth_keeping(self, p)) if _keeps_previous(path) else None
-        write_file(path, write, keep_previous=keep)
-
-    def _create_exclusive(self, path: str) -> bool:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        try:
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        except FileExistsError:
-            return False
-        return True
-
-    def rm(self, path: str) -> None:
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        elif os.path.lexists(path):
-            os.remove(path)
 
     def parquet_dataset(self, path: str) -> Any:
         import pyarrow.dataset as pads
@@ -266,9 +169,6 @@ class LocalStore(Store):
 
     def localize(self, path: str) -> str:
         return path
-
-    def is_local(self) -> bool:
-        return True
 
 
 @dataclass(frozen=True)
@@ -333,22 +233,12 @@ class VolumeStore(_DatabricksMountStore):
         return ".".join(rel[:3])
 
 
-def _move(fs: Any, src: str, dst: str) -> None:
-    """``fs.mv``, except that a name holding glob characters (``[``, ``*``, ``?``), which
-    ``mv`` would expand, is copied and removed as the one file it names."""
-    if _GLOB_MAGIC.search(src) or _GLOB_MAGIC.search(dst):
-        fs.cp_file(src, dst)
-        fs.rm_file(src)
-    else:
-        fs.mv(src, dst)
-
-
 @dataclass(frozen=True)
-class FsspecStore(Store):
-    """A store on any fsspec filesystem, by URL (``s3://bucket/prefix``, ``memory://x``)."""
+class FsspecStore(FsspecRunStore, Store):
+    """A store on any fsspec filesystem, by URL (``s3://bucket/prefix``, ``memory://x``):
+    a run's files are :class:`ringcore.runs.FsspecRunStore`'s; this adds how its Parquet
+    is written and read."""
 
-    prefix_path: str
-    storage_options: dict[str, Any] = field(default_factory=dict)
     #: copy each worker's dataset to its local TMPDIR before reading (else: read in place)
     local_copy: bool = False
     #: who writes the prepared Parquet: "spark" (Hadoop), "arrow" (the executors' Python
@@ -357,7 +247,7 @@ class FsspecStore(Store):
     parquet_writer: str = "auto"
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "prefix_path", self.prefix_path.rstrip("/"))
+        super().__post_init__()
         if self.parquet_writer not in PARQUET_WRITERS:
             raise ValueError(
                 f"FsspecStore({self.prefix_path!r}): parquet_writer={self.parquet_writer!r} is "
@@ -377,69 +267,12 @@ class FsspecStore(Store):
         return not self.local_copy
 
     @property
-    def protocol(self) -> str:
-        return self.prefix_path.split("://", 1)[0]
-
-    @property
-    def fs(self) -> Any:
-        import fsspec
-
-        return fsspec.filesystem(self.protocol, **self.storage_options)  # fsspec caches these
-
-    @property
     def spark_can_write(self) -> bool:
         return self.protocol != "memory"
 
     def url(self, path: str) -> str:
         scheme, rest = path.split("://", 1)
         return f"{_SPARK_SCHEMES.get(scheme, scheme)}://{rest}"
-
-    def exists(self, path: str) -> bool:
-        return bool(self.fs.exists(path))
-
-    def open_read(self, path: str) -> BinaryIO:
-        return self.fs.open(path, "rb")
-
-    @property
-    def _checkpoints(self) -> PerWriterCheckpoints:
-        return PerWriterCheckpoints(self)
-
-    def write_atomic(self, path: str, write: Callable[[BinaryIO], object]) -> None:
-        """As :meth:`Store.write_atomic`. Only this writer's temporary is ever removed
-        here: on an object store a live writer's cannot be told from a dead one's. (A
-        run checkpoint's temporary lies in its writer's folder, which goes once a newer
-        writer's checkpoint is in place: ``estimators.store._checkpoints``.)"""
-        fs, tmp = self.fs, _tmp_name(path)
-        fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        try:
-            with fs.open(tmp, "wb") as f:
-                write(f)
-            if _keeps_previous(path) and worth_keeping(self, path):
-                _move(fs, path, path + PREVIOUS_SUFFIX)
-            _move(fs, tmp, path)
-        finally:
-            if fs.exists(tmp):
-                fs.rm_file(tmp)  # rm_file: takes the name as it is, no glob
-
-    def _create_exclusive(self, path: str) -> bool:
-        """Mode ``xb`` (a conditional put on object stores that support one), then a read
-        back of a token of ours, in case a filesystem checks-then-creates under ``xb``."""
-        fs, token = self.fs, uuid.uuid4().hex.encode()
-        fs.makedirs(posixpath.dirname(path), exist_ok=True)
-        try:
-            with fs.open(path, "xb") as f:
-                f.write(token)
-        except FileExistsError:
-            return False
-        except (ValueError, NotImplementedError):  # no "xb" here: check, put, read back
-            if fs.exists(path):
-                return False
-            fs.pipe_file(path, token)
-        return bool(fs.cat_file(path) == token)
-
-    def rm(self, path: str) -> None:
-        if self.fs.exists(path):
-            self.fs.rm(path, recursive=True)
 
     def parquet_dataset(self, path: str) -> Any:
         import pyarrow.dataset as pads

@@ -1,7 +1,8 @@
-"""What a fit shows and records while it runs, beside its checkpoints.
+"""What a fit shows and records while it runs, beside its checkpoints: the estimators'
+side of the run-services layer (:mod:`ringcore.runs`, shared with ray_runner).
 
-``_progress``: rank 0's live progress file and TensorBoard scalars (``StepReporter``);
-``_report``: the driver's poller printing each epoch and showing the progress;
-``_tensorboard``: the event files, written and read back; ``_mlflow``: the active MLflow
-run's params, metrics and model.
+``_progress``: rank 0's ``StepReporter`` (the progress file and TensorBoard scalars);
+``_report``: the driver's ``HistoryPrinter`` printing each epoch and showing the
+progress; ``_tensorboard``: a run's scalars read back from its store; ``_mlflow``: the
+active MLflow run's params, metrics and model.
 """

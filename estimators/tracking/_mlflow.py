@@ -11,19 +11,17 @@ and a failed fit ends the run with status ``FAILED``. Nothing is imported otherw
 run can only be active when the user's code has imported mlflow already.
 
 The poller runs on another thread, where MLflow's fluent API sees no active run, so
-metrics go through an ``MlflowClient`` with the run's id.
+metrics go through the run-services layer's :class:`ringcore.runs.MlflowLog` (an
+``MlflowClient`` with the run's id), as RingTrainer's ``MLflowLoggerCallback`` logs.
 """
 
 from __future__ import annotations
 
-import logging
 import sys
 import threading
-import time
-import warnings
 from typing import Any
 
-log = logging.getLogger("ringtrain.estimators")
+from ringcore.runs import MlflowLog, active_run, log_model, numeric
 
 __all__ = ["MlflowTracker", "log_model_to_mlflow"]
 
@@ -43,25 +41,13 @@ def _params(cfg: Any) -> dict[str, Any]:
     }
 
 
-def _metrics(entry: dict[str, Any]) -> dict[str, float]:
-    return {
-        k: float(v)
-        for k, v in entry.items()
-        if k != "epoch" and isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
-
-
-def _active_run() -> Any:
-    mlflow = sys.modules.get("mlflow")
-    return None if mlflow is None else mlflow.active_run()
-
-
 class MlflowTracker:
     """One fit's logging to the active MLflow run; a no-op object when there is none."""
 
     def __init__(self, cfg: Any):
-        run = _active_run()
+        run = active_run()
         self.run_id: str | None = run.info.run_id if run is not None else None
+        self._log = MlflowLog(self.run_id) if self.run_id is not None else None
         self._logged: set[int] = set()
         self._lock = threading.Lock()
         if self.run_id is not None:
@@ -69,19 +55,15 @@ class MlflowTracker:
 
     def log_epoch(self, entry: dict[str, Any]) -> None:
         """Log one history entry (once per epoch number, from any thread)."""
-        if self.run_id is None:
+        if self._log is None:
             return
         epoch = int(entry["epoch"])
         with self._lock:
             if epoch in self._logged:
                 return
             self._logged.add(epoch)
-        from mlflow.entities import Metric
-        from mlflow.tracking import MlflowClient
-
-        stamp = int(time.time() * 1000)
-        metrics = [Metric(k, v, stamp, epoch) for k, v in _metrics(entry).items()]
-        MlflowClient().log_batch(self.run_id, metrics=metrics)
+        metrics = numeric(entry, skip=("epoch",), nested=False, finite=False)
+        self._log.log_metrics(metrics, epoch)
 
     def finish(self, history: list[dict[str, Any]]) -> None:
         for entry in history:
@@ -89,34 +71,18 @@ class MlflowTracker:
 
     def fail(self) -> None:
         """End the run with status FAILED (the fit raised)."""
-        if self.run_id is None:
+        if self._log is None:
             return
         mlflow = sys.modules["mlflow"]
         active = mlflow.active_run()
         if active is not None and active.info.run_id == self.run_id:
             mlflow.end_run(status="FAILED")
         else:
-            from mlflow.tracking import MlflowClient
-
-            MlflowClient().set_terminated(self.run_id, status="FAILED")
+            self._log.end("FAILED")
 
 
 def log_model_to_mlflow(framework: Any, model: Any) -> str | None:
     """Log the trained model to the active run, in ``framework``'s flavour
     (``Framework.log_model``); its URI, or None when no run is active or the flavour
     could not log it (then a warning says why)."""
-    if _active_run() is None:
-        return None
-    try:
-        with warnings.catch_warnings():  # MLflow's own notes on type hints, not ours to raise
-            warnings.simplefilter("ignore")
-            return framework.log_model(model, MODEL_ARTIFACT)
-    except Exception as exc:  # the fit succeeded: a model MLflow cannot log is no failure
-        log.warning(
-            "could not log the trained %s model to MLflow (%s: %s); the run has its params "
-            "and metrics, and the model is in the store's checkpoint",
-            framework.name,
-            type(exc).__name__,
-            exc,
-        )
-        return None
+    return log_model(lambda: framework.log_model(model, MODEL_ARTIFACT), framework.name)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from _digits import demo
 
-from estimators import Callback, RingEstimator, Store
-from estimators.tracking._tensorboard import ScalarWriter, read_scalars, read_tensorboard_scalars
+from estimators import Callback, RingEstimator, Store, read_tensorboard_scalars
+from ringcore.runs import ScalarWriter, read_scalars
 
 SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 

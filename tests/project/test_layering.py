@@ -79,7 +79,7 @@ EXCEPTIONS = {
 # a package's public modules, where its other subpackages are private rooms
 # (ringcore.runtime, ringcore.engine, ...: the launchers' door is ringcore.launch)
 PUBLIC_MODULES = {
-    "ringcore": {"torch", "tensorflow", "keras", "data", "launch", "testing", "progress"}
+    "ringcore": {"torch", "tensorflow", "keras", "data", "launch", "testing", "progress", "runs"}
 }
 
 

@@ -17,7 +17,6 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("mlflow")
 pytest.importorskip("tensorboardX")
 
-from estimators.tracking._tensorboard import read_scalars  # noqa: E402
 from ray_runner import (  # noqa: E402
     Checkpoint,
     MLflowLoggerCallback,
@@ -29,6 +28,7 @@ from ray_runner import (  # noqa: E402
     _progress,
 )
 from ringcore.progress import ProgressDisplay  # noqa: E402
+from ringcore.runs import read_scalars  # noqa: E402
 
 REPORTS = 30
 SHARED_RAY = True  # on the suite's shared local Ray instance (tests/_servers.py local_ray)

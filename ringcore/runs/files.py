@@ -1,4 +1,7 @@
-"""Whole-file writes on a POSIX filesystem (:class:`~estimators.store._store.LocalStore`).
+"""Whole-file writes and fsync on a POSIX filesystem, for every run's files.
+
+Used by :class:`~ringcore.runs.stores.LocalRunStore` (the estimators' ``LocalStore``)
+and by ray_runner's run folder (its commit records, its checkpoints' files).
 
 :func:`write_file` writes a file to a temporary name beside it
 (``<path>.tmp-<pid>-<8 hex>``), fsyncs it, renames it over ``path`` and fsyncs the folder,
@@ -11,7 +14,7 @@ flight.
 
 :func:`run_lock` is an exclusive ``flock`` on a lock file, held across a check and a
 rename (``write_file(lock=..., before_commit=...)``): the check holds at the commit point.
-LocalStore's checkpoint fencing rests on it (see ``estimators.store._checkpoints``). flock
+LocalStore's checkpoint fencing rests on it (see ``ringcore.runs.checkpoints``). flock
 excludes processes across the hosts of a local disk and of NFS (Linux maps it onto NFS
 byte-range locks); on a FUSE mount that keeps locks on one host it excludes that host's
 writers only. A filesystem that refuses locks (ENOLCK: NFS without a lock manager) fails
@@ -35,8 +38,10 @@ __all__ = [
     "LOCK_TIMEOUT_S",
     "PREVIOUS_SUFFIX",
     "fsync_path",
+    "fsync_tree",
     "remove_dead_temps",
     "run_lock",
+    "temp_name",
     "write_file",
 ]
 
@@ -59,6 +64,21 @@ def fsync_path(path: str, directory: bool = False) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def fsync_tree(path: str) -> None:
+    """fsync every file and folder under the local ``path``, folders after their
+    entries (a crash leaves the tree whole or absent once this returns)."""
+    for folder, _, files in os.walk(path, topdown=False):
+        for file in files:
+            fsync_path(os.path.join(folder, file))
+        fsync_path(folder, directory=True)
+
+
+def temp_name(path: str) -> str:
+    """A temporary name beside ``path`` that is this writer's own
+    (``<path>.tmp-<pid>-<8 hex>``)."""
+    return f"{path}{TEMP_INFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def _flock(fd: int, flags: int, path: str) -> bool:
@@ -113,7 +133,7 @@ def _locked_temp(path: str) -> Iterator[tuple[str, BinaryIO]]:
     """A new temporary file beside ``path``, open for writing and flocked by this writer
     for the block; removed at its end unless it was renamed."""
     for _ in range(3):
-        tmp = f"{path}{TEMP_INFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp = temp_name(path)
         f = os.fdopen(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644), "wb")
         try:
             _flock(f.fileno(), fcntl.LOCK_EX, tmp)
