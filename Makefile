@@ -42,7 +42,7 @@ TORCH_WHEEL = build/torch/torch-$(TORCH_VERSION)*.whl
 # which git ignores; a stale one is never used (Python checks the source's mtime).
 PY_SOURCES := ringcore spark_runner ray_runner estimators tests bench tools notebooks examples
 
-.PHONY: demo test test-current test-spark35 test-spark41 test-spark35-newest soak bench lint install clean reliability conformance conformance-examples cluster-up cluster-down
+.PHONY: demo test test-side test-current test-spark35 test-spark41 test-spark35-newest soak bench lint install clean reliability conformance conformance-examples cluster-up cluster-down
 
 install: $(STAMP)
 
@@ -63,22 +63,34 @@ $(STAMP): pyproject.toml constraints.txt Makefile $(TORCH_STAMP) | $(UV)
 demo: $(STAMP)
 	$(PY) examples/digits_demo.py
 
-# The whole suite on the main stack, then the second stack's subset (below).
+# The whole suite on the main stack and, beside it, the other stacks (below: their venvs
+# built, then their subsets, one after another, at a lower CPU priority, `nice -n 5`,
+# into build/test-side.log, printed when both are done). The main suite leaves a core
+# idle for part of its time (JVM and Ray start-ups, timeouts the fault tests wait out);
+# the other stacks fill it. Fails when either fails.
 # PYTEST_ARGS: more pytest options for the main suite (e.g. a JUnit report).
-test: $(STAMP) $(CUR_STAMP) $(S35_STAMP)
+SIDE_NICE ?= 5
+test: $(STAMP)
 	$(PY) -m compileall -q $(PY_SOURCES)
-	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests
-	$(MAKE) --no-print-directory test-current
-	$(MAKE) --no-print-directory test-spark35
-	$(MAKE) --no-print-directory test-spark41
-	$(MAKE) --no-print-directory test-spark35-newest
+	@mkdir -p build
+	@echo "== the other stacks run beside the main suite: build/test-side.log"
+	@nice -n $(SIDE_NICE) $(MAKE) --no-print-directory test-side > build/test-side.log 2>&1 & side=$$!; \
+	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests; main=$$?; \
+	echo "== the main suite: exit $$main; waiting for the other stacks"; \
+	wait $$side; rc=$$?; cat build/test-side.log; \
+	echo "== the main suite: exit $$main; the other stacks: exit $$rc"; \
+	test $$main -eq 0 && test $$rc -eq 0
+
+# The other stacks alone, one after another (what `make test` runs beside the main suite).
+test-side: test-current test-spark35 test-spark41 test-spark35-newest
 
 # The second tested stack: the newest releases (constraints-current.txt: pyspark 4.3,
 # ray 2.60, pyarrow 26, numpy 2, pandas < 3), without Petastorm (the Arrow reader), in
 # its own venv; the data / store / estimator / Spark / Ray tests that do not need petastorm.
-# `make test` runs it after the main suite.
-CURRENT_TESTS := tests/ringcore/test_data.py tests/estimators/test_stores.py tests/estimators/test_estimator_fit.py \
-	tests/estimators/test_estimator_persistence.py tests/spark_runner/test_spark_runner.py tests/ray_runner/test_ray_runner.py
+# `make test` runs it beside the main suite.
+CURRENT_TESTS := tests/ringcore/test_data.py tests/estimators/test_stores.py \
+	tests/estimators/test_estimator_fit.py tests/estimators/test_estimator_persistence.py \
+	tests/spark_runner/test_spark_runner.py tests/ray_runner/test_ray_runner.py
 
 $(CUR_STAMP): pyproject.toml constraints-current.txt Makefile $(TORCH_STAMP) | $(UV)
 	test -x $(CUR_PY) || $(PYTHON) -m venv $(CUR_VENV)
@@ -97,8 +109,9 @@ test-current: $(CUR_STAMP)
 # installed first and ringtrain after it, without a pyspark pin (constraints-spark35.txt):
 # the install must leave the runtime's pyspark alone, and the stamp step fails if it did
 # not. Then the Spark runner, store, data and estimator tests (Connect: on 4.x only).
-S35_TESTS := tests/ringcore/test_data.py tests/estimators/test_stores.py tests/estimators/test_estimator_fit.py \
-	tests/estimators/test_estimator_persistence.py tests/spark_runner/test_spark_runner.py
+S35_TESTS := tests/ringcore/test_data.py tests/estimators/test_stores.py \
+	tests/estimators/test_estimator_fit.py tests/estimators/test_estimator_persistence.py \
+	tests/spark_runner/test_spark_runner.py
 
 $(S35_STAMP): pyproject.toml constraints-spark35.txt Makefile $(TORCH_STAMP) | $(UV)
 	test -x $(S35_PY) || $(PYTHON) -m venv $(S35_VENV)
@@ -124,7 +137,8 @@ test-spark35: $(S35_STAMP)
 S41_PYSPARK := 4.1.0
 S35_NEWEST_PYSPARK := 3.5.9
 S41_TESTS := tests/spark_runner/test_spark_connect.py tests/estimators/test_estimator_connect.py
-S35_NEWEST_TESTS := tests/spark_runner/test_spark_runner.py tests/estimators/test_estimator_persistence.py
+S35_NEWEST_TESTS := tests/spark_runner/test_spark_runner.py \
+	tests/estimators/test_estimator_persistence.py
 
 build/pyspark-%/.installed: | $(UV)
 	$(UV_INSTALL) $(PY) --no-deps --target build/pyspark-$* "pyspark==$*"

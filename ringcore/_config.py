@@ -63,6 +63,8 @@ HEARTBEAT_INTERVAL_S = 1.0
 # A test seam, read in one place (ringcore.engine.wire.ringtrain_version): set, this process
 # claims that ringtrain version in the control handshake (tests of mixed versions).
 TEST_FAKE_VERSION_ENV_VAR = "RING_TEST_FAKE_VERSION"
+# how ringcore.testing.run_workers starts its ranks: "forkserver" (default) or "spawn"
+RANK_START_ENV_VAR = "RING_RANK_START"
 
 # The per-job secret that authenticates the engine's control connections (HMAC-SHA256).
 # Our launchers set it; without it, rank 0 makes one and sends it to the ranks over the

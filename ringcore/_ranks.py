@@ -23,7 +23,8 @@ import os
 from multiprocessing import reduction
 from typing import Any
 
-START_ENV_VAR = "RING_RANK_START"
+from . import _config as cfg
+
 PRELOAD = ["torch", "ringcore.torch"]
 
 _contexts: dict[str, Any] = {}
@@ -32,10 +33,10 @@ _contexts: dict[str, Any] = {}
 def context() -> Any:
     """The multiprocessing context ranks start from (``RING_RANK_START``: ``forkserver``,
     the default, or ``spawn``)."""
-    method = os.environ.get(START_ENV_VAR, "forkserver") or "forkserver"
+    method = os.environ.get(cfg.RANK_START_ENV_VAR, "forkserver") or "forkserver"
     if method not in ("forkserver", "spawn"):
         raise ValueError(
-            f"{START_ENV_VAR}={method!r} is not a way to start ranks; use forkserver "
+            f"{cfg.RANK_START_ENV_VAR}={method!r} is not a way to start ranks; use forkserver "
             "(the default) or spawn"
         )
     if method not in _contexts:

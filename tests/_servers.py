@@ -33,7 +33,12 @@ def local_ray(module_name: str, num_cpus: int = 2) -> Iterator[None]:
     shared = bool(getattr(sys.modules[module_name], "SHARED_RAY", False))
     owns = not ray.is_initialized()
     if owns:
-        ray.init(num_cpus=num_cpus, _node_ip_address="127.0.0.1", include_dashboard=False)
+        ray.init(
+            address="local",  # a new instance, never a `ray start` cluster found on the machine
+            num_cpus=num_cpus,
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+        )
         _shared_ray = shared
     elif shared and _shared_ray:
         assert ray.cluster_resources().get("CPU") == num_cpus, (

@@ -68,6 +68,7 @@ def ray_cluster():
     owns = not ray.is_initialized()
     if owns:
         ray.init(
+            address="local",
             num_cpus=2,
             num_gpus=1 if HAS_CUDA else 0,
             _node_ip_address="127.0.0.1",

@@ -531,7 +531,7 @@ def test_the_secrets_of_a_ray_job_never_appear_in_actor_output_failures_or_the_r
     secrets_dir.mkdir()
     owns = not ray.is_initialized()
     if owns:
-        ray.init(num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False)
+        ray.init(address="local", num_cpus=2, _node_ip_address="127.0.0.1", include_dashboard=False)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # actors cannot import it
     try:
         logs_dir = ray._private.worker._global_node.get_logs_dir_path()
