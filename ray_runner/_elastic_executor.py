@@ -34,7 +34,14 @@ from typing import Any, cast
 import ray
 
 from ringcore import RingError, Topology, WorkerError
-from ringcore.launch import ELASTIC_TIMEOUT_ENV_VAR, RANK_ENV_VAR, ElasticPolicy, get_float
+from ringcore.launch import (
+    ELASTIC_TIMEOUT_ENV_VAR,
+    RANK_ENV_VAR,
+    ElasticNames,
+    ElasticPolicy,
+    check_elastic_limits,
+    get_float,
+)
 
 from . import _constants as const
 from ._cluster import check_cluster_gpus, require_ray
@@ -49,25 +56,14 @@ log = logging.getLogger("ringtrain.ray_runner")
 __all__ = ["ElasticRayExecutor", "check_elastic_sizes"]
 
 
+RAY_NAMES = ElasticNames(max_none="None (as many as the cluster holds)")
+
+
 def check_elastic_sizes(
     min_workers: Any, max_workers: Any, reset_limit: Any, cooldown_range: Any, elastic_timeout: Any
 ) -> None:
     """Horovod's elastic arguments, checked before anything starts."""
-    if isinstance(min_workers, bool) or not isinstance(min_workers, int) or min_workers < 1:
-        raise ValueError(f"min_workers must be an integer >= 1, got {min_workers!r}")
-    if max_workers is not None and (
-        isinstance(max_workers, bool)
-        or not isinstance(max_workers, int)
-        or max_workers < min_workers
-    ):
-        raise ValueError(
-            f"max_workers must be None (as many as the cluster holds) or an integer >= "
-            f"min_workers={min_workers}, got {max_workers!r}"
-        )
-    if reset_limit is not None and (
-        isinstance(reset_limit, bool) or not isinstance(reset_limit, int) or reset_limit < 0
-    ):
-        raise ValueError(f"reset_limit must be None or an integer >= 0, got {reset_limit!r}")
+    check_elastic_limits(min_workers, max_workers, reset_limit, elastic_timeout, names=RAY_NAMES)
     if cooldown_range is not None:
         ok = (
             isinstance(cooldown_range, (list, tuple))
@@ -80,12 +76,6 @@ def check_elastic_sizes(
                 f"cooldown_range must be (min_seconds, max_seconds) with 0 <= min <= max, "
                 f"got {cooldown_range!r}"
             )
-    if elastic_timeout is not None and (
-        isinstance(elastic_timeout, bool)
-        or not isinstance(elastic_timeout, (int, float))
-        or elastic_timeout <= 0
-    ):
-        raise ValueError(f"elastic_timeout must be > 0 seconds, got {elastic_timeout!r}")
 
 
 @dataclass

@@ -2,10 +2,10 @@
 
 The driver is the launcher of ringcore's elastic protocol (``ringcore.launch``): it
 hosts the job's store (a ``torch.distributed.TCPStore`` in the driver process, which
-outlives every worker) and publishes *generations* of the ring's members through an
-:class:`ringcore.launch.ElasticDriver`, whose :class:`~ringcore.launch.ElasticPolicy`
-decides when the ring re-forms and grows; this group only tells it who is alive and
-starts one more worker when asked. Each worker is one Ray actor with a stable id
+outlives every worker) and runs the kit's loop, :class:`ringcore.launch.ElasticJob`,
+which publishes *generations* of the ring's members by its
+:class:`~ringcore.launch.ElasticPolicy` (when the ring re-forms and grows); this group
+only tells it who is alive, starts one more worker when asked, and waits on the actors. Each worker is one Ray actor with a stable id
 (``RING_WORKER_ID``), placed on its own (no placement group, so workers can come and go
 one at a time).
 
@@ -37,19 +37,13 @@ import ray
 from ringcore import Topology, WorkerError, topology_from_hosts, worker_env
 from ringcore.launch import (
     ELASTIC_ENV_VAR,
-    ELASTIC_LATE_ENV_VAR,
     HOSTNAME_ENV_VAR,
-    RANK_ENV_VAR,
-    SECRET_KEY_ENV_VAR,
-    SIZE_ENV_VAR,
-    STORE_ADDR_ENV_VAR,
-    STORE_EXTERNAL_ENV_VAR,
-    STORE_PORT_ENV_VAR,
     WORKER_ID_ENV_VAR,
-    ElasticDriver,
+    ElasticJob,
     ElasticPolicy,
     Workers,
     get_float,
+    late_worker_env,
     new_secret,
 )
 
@@ -105,43 +99,46 @@ class ElasticGroup:
         poll_s: float,
     ) -> list[WorkerError]:
         """Run the loop on the group until every member is done; [] or the failed ranks' errors."""
+        self._error: WorkerError | None = None
         try:
             self._open_store()
             self._start_initial()
-            driver = ElasticDriver(
+            job = ElasticJob(
                 self._store,
                 self._alive,
                 self._policy(),
+                wait=lambda timeout_s: self._wait(on_reports, timeout_s),
+                finished=lambda: self._error is not None or self._all_done(),
                 start_more=lambda: self._start_one_more(loop, setup),
                 recheck=self._confirm_alive,
+                name="the elastic group",
+                poll_s=poll_s,
+                stop_raises=False,  # the workers read the abort and fail the attempt
             )
-            driver.start(list(self.members))
-            for rank, (wid, member) in enumerate(self.members.items()):
-                env = self._env(wid, member, rank)
-                topology = topology_from_hosts([m.node_id for m in self.members.values()], rank)
-                self._launch(member, loop, setup, topology, env)
-            return self._watch(driver, on_reports, poll_s)
+            with job:
+                job.start(list(self.members))
+                for rank, (wid, member) in enumerate(self.members.items()):
+                    env = self._env(wid, member, rank)
+                    topology = topology_from_hosts([m.node_id for m in self.members.values()], rank)
+                    self._launch(member, loop, setup, topology, env)
+                job.watch()
+            return [self._error] if self._error is not None else []
         finally:
             self._shutdown()
 
-    def _watch(
-        self, driver: ElasticDriver, on_reports: Callable[[list[dict]], None], poll_s: float
-    ) -> list[WorkerError]:
-        """Collect the members' loops as they return; the driver's policy does the rest."""
-        while True:
-            running = {m.ref: wid for wid, m in self.members.items() if not m.done}
-            if not running:
-                self._drain(on_reports)
-                return []
-            ready, _ = ray.wait(list(running), num_returns=len(running), timeout=poll_s)
+    def _all_done(self) -> bool:
+        return all(m.done for m in self.members.values())
+
+    def _wait(self, on_reports: Callable[[list[dict]], None], timeout_s: float) -> None:
+        """Collect the members' loops that return within ``timeout_s``, then their reports."""
+        running = {m.ref: wid for wid, m in self.members.items() if not m.done}
+        if running:
+            ready, _ = ray.wait(list(running), num_returns=len(running), timeout=timeout_s)
             for ref in ready:
-                wid = running[ref]
-                error = self._finish(wid, ref)
-                if error is not None:
-                    self._drain(on_reports)
-                    return [error]
-            self._drain(on_reports)
-            driver.poll()
+                self._error = self._finish(running[ref], ref)
+                if self._error is not None:
+                    break
+        self._drain(on_reports)
 
     def _finish(self, wid: str, ref: Any) -> WorkerError | None:
         """A member's loop returned: done, lost (its actor died), or failed (its error)."""
@@ -164,7 +161,9 @@ class ElasticGroup:
     def _policy(self) -> ElasticPolicy:
         """The elastic policy of this group (a seam: ElasticRayExecutor bounds resets)."""
         return ElasticPolicy(
-            min_workers=self.scaling.min_workers, max_workers=self.scaling.max_workers
+            min_workers=self.scaling.min_workers,
+            max_workers=self.scaling.max_workers,
+            min_name="min_workers",
         )
 
     # -- membership ----------------------------------------------------------------
@@ -292,18 +291,9 @@ class ElasticGroup:
 
     def _late_env(self, wid: str, host: str) -> dict[str, str]:
         """A worker added to the running ring: ``init()`` waits for the generation listing it."""
-        return {
-            STORE_ADDR_ENV_VAR: self._store_addr,
-            STORE_PORT_ENV_VAR: str(int(self._store.port)),
-            STORE_EXTERNAL_ENV_VAR: "1",
-            ELASTIC_LATE_ENV_VAR: "1",
-            SECRET_KEY_ENV_VAR: self._secret,
-            RANK_ENV_VAR: "0",
-            SIZE_ENV_VAR: "1",
-            HOSTNAME_ENV_VAR: host,
-            ELASTIC_ENV_VAR: "1",
-            WORKER_ID_ENV_VAR: wid,
-        }
+        return late_worker_env(
+            self._store_addr, int(self._store.port), wid, secret=self._secret, host=host
+        )
 
     def _launch(
         self,

@@ -22,9 +22,15 @@ from . import _config as cfg
 from . import _ranks
 from ._auth import new_secret
 from ._errors import RingError, WorkerError
-from .elastic.driver import ElasticDriver
-from .elastic.policy import ElasticPolicy, Workers
-from .rendezvous.environment import worker_env
+from .launch import (
+    ElasticJob,
+    ElasticNames,
+    ElasticPolicy,
+    Workers,
+    check_elastic_limits,
+    late_worker_env,
+    worker_env,
+)
 from .rendezvous.topology import topology_from_hosts
 from .runtime.lifecycle import shutdown
 
@@ -83,6 +89,7 @@ class _Workers:
         self.conns: list[Any] = []
         self.hosts: list[str] = []
         self.results: dict[int, Any] = {}
+        self.deadline = float("inf")  # when run_workers gives up on the ranks
 
     def spawn(self, rank_env: dict[str, str], host: str) -> int:
         r = len(self.procs)
@@ -102,15 +109,7 @@ class _Workers:
 
     def spawn_late(self, host: str) -> int:
         """A worker added to a running elastic job: it learns its rank from the next generation."""
-        env = {
-            cfg.STORE_ADDR_ENV_VAR: _LOOPBACK,
-            cfg.STORE_PORT_ENV_VAR: str(self.port),
-            cfg.STORE_EXTERNAL_ENV_VAR: "1",
-            cfg.ELASTIC_LATE_ENV_VAR: "1",
-            cfg.RANK_ENV_VAR: "0",
-            cfg.SIZE_ENV_VAR: "1",
-            cfg.SECRET_KEY_ENV_VAR: self.secret,
-        }
+        env = late_worker_env(_LOOPBACK, self.port, str(len(self.procs)), secret=self.secret)
         return self.spawn(env, host)
 
     def alive(self) -> Workers:
@@ -122,6 +121,28 @@ class _Workers:
             tuple(self.hosts[r] for r in live),
             frozenset(str(r) for r in done),
         )
+
+    def step(self, pending: dict, timeout: float, timeout_s: float, keep_errors: bool) -> None:
+        """Wait up to ``timeout_s`` (until :attr:`deadline`, the end of the job's
+        ``timeout``) for a rank in ``pending`` to end; collect every rank that did (the
+        first error raised, unless ``keep_errors``)."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise RingError(
+                f"run_workers timed out after {timeout:.0f} s; ranks {sorted(pending)} had not "
+                "returned. Raise timeout= or look for a rank that waits on a collective the others skipped."
+            )
+        ready = wait(
+            list(pending.values()) + [self.procs[r].sentinel for r in pending],
+            timeout=min(left, timeout_s),
+        )
+        for r in list(pending):
+            if pending[r] in ready or self.procs[r].sentinel in ready:
+                kind, value = self.collect(r)
+                del pending[r]
+                if kind == "error" and not keep_errors:
+                    raise value
+                self.results[r] = value
 
     def collect(self, r: int) -> tuple[str, Any]:
         try:
@@ -137,10 +158,14 @@ class _Workers:
             )
 
 
-def _elastic_driver(store: Any, workers: _Workers, pending: dict, min_np: int, grow) -> Any:
-    """The elastic policy over these workers: ``grow=[(seconds, count)]`` is what this
+TESTING_NAMES = ElasticNames(min="min_np")
+
+
+def _elastic_job(store: Any, workers: _Workers, pending: dict, min_np: int, grow, step) -> Any:
+    """The kit's elastic loop over these workers: ``grow=[(seconds, count)]`` is what this
     launcher answers when the driver asks it to start more (``count`` workers in one
-    generation, once ``seconds`` have passed since the start)."""
+    generation, once ``seconds`` have passed since the start); ``step(timeout_s)`` waits
+    for the ranks and collects those that ended."""
 
     growth = sorted(grow or [])
     started = time.monotonic()
@@ -153,11 +178,18 @@ def _elastic_driver(store: Any, workers: _Workers, pending: dict, min_np: int, g
         pending.update({r: workers.conns[r] for r in new})
         return [str(r) for r in new]
 
-    driver = ElasticDriver(
-        store, workers.alive, ElasticPolicy(min_workers=min_np), start_more=start_more
+    job = ElasticJob(
+        store,
+        workers.alive,
+        ElasticPolicy(min_workers=min_np),
+        wait=step,
+        finished=lambda: not pending,
+        start_more=start_more,
+        name="run_workers",
+        poll_s=0.2,
     )
-    driver.start([str(r) for r in range(len(workers.procs))])
-    return driver
+    job.start([str(r) for r in range(len(workers.procs))])
+    return job
 
 
 def run_workers(
@@ -196,6 +228,8 @@ def run_workers(
         raise ValueError(f"hosts lists {len(hosts)} entries but np is {np}")
     if grow and not elastic:
         raise ValueError("grow= adds workers to an elastic job; pass elastic=True")
+    if elastic:
+        check_elastic_limits(min_np, names=TESTING_NAMES)
     import torch.distributed as dist
 
     store = dist.TCPStore(
@@ -214,30 +248,18 @@ def run_workers(
             hosts[r],
         )
     pending = dict(enumerate(workers.conns))
-    driver = _elastic_driver(store, workers, pending, min_np, grow) if elastic else None
+    workers.deadline = time.monotonic() + timeout
+
+    def step(timeout_s: float) -> None:
+        workers.step(pending, timeout, timeout_s, return_exceptions)
+
     finished = False
     try:
-        deadline = time.monotonic() + timeout
+        if elastic:
+            with _elastic_job(store, workers, pending, min_np, grow, step) as job:
+                job.watch()
         while pending:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise RingError(
-                    f"run_workers timed out after {timeout:.0f} s; ranks {sorted(pending)} had not "
-                    "returned. Raise timeout= or look for a rank that waits on a collective the others skipped."
-                )
-            ready = wait(
-                list(pending.values()) + [workers.procs[r].sentinel for r in pending],
-                timeout=min(left, 0.2 if driver else 1.0),
-            )
-            for r in list(pending):
-                if pending[r] in ready or workers.procs[r].sentinel in ready:
-                    kind, value = workers.collect(r)
-                    del pending[r]
-                    if kind == "error" and not return_exceptions:
-                        raise value
-                    workers.results[r] = value
-            if driver is not None:
-                driver.poll()
+            step(1.0)
         finished = True
     finally:
         # every rank returned: give them time to shut down cleanly (timeline, store)

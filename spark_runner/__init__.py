@@ -16,8 +16,9 @@ SparkContext) fails before any job when the cluster cannot hold ``num_proc`` bar
 (rank 0's reports, over the output connection).
 """
 
+from ringcore.launch import report_progress as progress
+
 from ._elastic import run_elastic
-from ._output import progress
 from ._platform import DEFAULT_START_TIMEOUT_S
 from ._run import START_TIMEOUT_ENV_VAR, TOPOLOGY_HOSTS_ENV_VAR, run
 from ._session import is_connect, local_session

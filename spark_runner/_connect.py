@@ -19,7 +19,7 @@ which Spark reruns as a whole (a failed barrier result stage is aborted); with n
 tracker on the client, :class:`AttemptCounter` numbers the attempts from the log
 connections the tasks open (``RING_SPARK_ATTEMPT``). A failed task's error reaches the
 client on its log connection when it has one, else in the Connect error text
-(``_errors``).
+(``ringcore.launch``'s worker-error codec).
 """
 
 from __future__ import annotations
@@ -33,9 +33,8 @@ from dataclasses import replace
 from typing import Any
 
 from ringcore import RingError
+from ringcore.launch import find_worker_error
 
-from ._errors import stage_worker_error
-from ._logserver import DRAIN_S
 from ._slots import retries_configured
 from ._task import TaskSpec, make_barrier_task
 
@@ -126,7 +125,7 @@ def reassemble(table: Any, num_proc: int) -> list[bytes]:
 def run_stage(spark: Any, payload: bytes, spec: TaskSpec, server: Any) -> list[bytes]:
     """The barrier stage under its own operation tag; interrupted if anything stops it.
     A failed task's error comes from the log server ``server`` when the task reached it,
-    else from the Connect error text (``_errors``)."""
+    else from the Connect error text."""
     num_proc = spec.num_proc
     tag = f"ringtrain-{uuid.uuid4().hex[:12]}"
     spark.addTag(tag)
@@ -147,8 +146,8 @@ def run_stage(spark: Any, payload: bytes, spec: TaskSpec, server: Any) -> list[b
             spark.interruptTag(tag)  # no task, and no Python worker, outlives the call
         if not isinstance(exc, Exception):
             raise
-        server.drain(DRAIN_S)  # every task's error and last lines are in
-        worker_error = stage_worker_error(str(exc), server, spec.secret)
+        server.drain()  # every task's error and last lines are in
+        worker_error = find_worker_error(str(exc), server, spec.secret)
         if worker_error is not None:
             raise worker_error from None
         raise RingError(

@@ -4,8 +4,8 @@ A barrier stage is all-or-nothing, so an elastic job runs outside barrier mode: 
 single-task Spark job per slot (``max_num_proc`` of them, submitted from driver
 threads under one job group), so that a lost task fails only its own job. The
 driver is the rendezvous coordinator: it hosts the job's store and publishes the
-generations of the ring (:class:`ringcore.launch.ElasticDriver`, by its
-:class:`~ringcore.launch.ElasticPolicy`). Each task
+generations of the ring through the kit's elastic loop
+(:class:`ringcore.launch.ElasticJob`, by its :class:`~ringcore.launch.ElasticPolicy`). Each task
 connects to the driver's log server with its worker id — that socket closing is how
 the driver learns at once that a worker died — and joins the ring through the first
 generation that lists it. A task Spark retries (``spark.task.maxFailures``) is a new
@@ -29,16 +29,18 @@ import cloudpickle
 from ringcore import RingError
 from ringcore.launch import (
     DEFAULT_ELASTIC_TIMEOUT_S,
-    ElasticDriver,
+    ElasticJob,
+    ElasticNames,
     ElasticPolicy,
+    LogServer,
     Workers,
+    check_elastic_limits,
     dumps_with_user_code,
+    find_worker_error,
     new_secret,
 )
 
 from ._elastic_task import ElasticTaskSpec, make_elastic_task
-from ._errors import stage_worker_error
-from ._logserver import LogServer
 from ._run import (
     _active_session,
     _check_options,
@@ -55,25 +57,16 @@ log = logging.getLogger("ringtrain.spark_runner")
 POLL_S = 0.1
 
 
+SPARK_NAMES = ElasticNames(min="min_num_proc", max="max_num_proc", num="num_proc")
+
+
 def _resolve_sizes(sc: Any, num_proc, min_num_proc, max_num_proc) -> tuple[int, int, int]:
-    for name, value in (
-        ("num_proc", num_proc),
-        ("min_num_proc", min_num_proc),
-        ("max_num_proc", max_num_proc),
-    ):
-        if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int) or value < 1
-        ):
-            raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+    """``num_proc`` (default: ``max_num_proc``, else ``min_num_proc``, else the cluster's
+    parallelism) and the bounds around it (default: ``num_proc``); checked before."""
     if num_proc is None:
         num_proc = max_num_proc or min_num_proc or sc.defaultParallelism
     min_n = min_num_proc if min_num_proc is not None else num_proc
     max_n = max_num_proc if max_num_proc is not None else num_proc
-    if not min_n <= num_proc <= max_n:
-        raise ValueError(
-            f"need min_num_proc <= num_proc <= max_num_proc, got {min_n} <= {num_proc} <= {max_n}; "
-            "num_proc is how many workers form the first ring."
-        )
     return num_proc, min_n, max_n
 
 
@@ -108,18 +101,18 @@ class _SlotJobs:
 
 
 class _Membership:
-    """Which workers are in the job: what ``ElasticDriver`` calls ``alive()``."""
+    """Which workers are in the job: what the ``ElasticDriver`` calls ``alive()``."""
 
     def __init__(self, server: LogServer):
         self.server = server
-        self.driver: ElasticDriver | None = None
+        self.job: ElasticJob | None = None
 
     def alive(self) -> Workers:
         """Members still connected or done, in rank order, then newly connected workers
         (the driver's policy admits those while no member has finished, up to
         ``max_num_proc``); ``done``: the workers that said they finished."""
         connected, finished = self.server.workers(), self.server.finished()
-        members = self.driver.members if self.driver is not None else []
+        members = self.job.driver.members if self.job is not None else []
         ids = [m for m in members if m in connected or m in finished]
         hosts = {**{m: "" for m in ids}, **connected}
         ids += [w for w in connected if w not in ids and w not in finished]
@@ -170,11 +163,16 @@ def run_elastic(
     env = horovod_options_env(env, use_gloo, use_mpi, extra_mpi_args, nics)
     min_num_proc = _deprecated_alias("min_np", min_np, "min_num_proc", min_num_proc)
     max_num_proc = _deprecated_alias("max_np", max_np, "max_num_proc", max_num_proc)
-    if reset_limit is not None and (not isinstance(reset_limit, int) or reset_limit < 0):
-        raise ValueError(f"reset_limit must be a non-negative integer or None, got {reset_limit!r}")
+    check_elastic_limits(
+        min_num_proc,
+        max_num_proc,
+        reset_limit,
+        elastic_timeout,
+        num=num_proc,
+        min_required=False,
+        names=SPARK_NAMES,
+    )
     wait_s = DEFAULT_ELASTIC_TIMEOUT_S if elastic_timeout is None else float(elastic_timeout)
-    if wait_s <= 0:
-        raise ValueError(f"elastic_timeout must be > 0 seconds, got {elastic_timeout}")
     spark = _active_session()
     if is_connect(spark):
         raise RingError(
@@ -187,7 +185,7 @@ def run_elastic(
     slots = wait_for_slots(sc, min_n, timeout)
     _say(verbose, 2, "the cluster offers %d task slots for %d-%d workers", slots, min_n, max_n)
     payload = dumps_with_user_code((fn, tuple(args), dict(kwargs or {})), fn)
-    job = _ElasticJob(sc, fn, num_proc, min_n, max_n, timeout, wait_s, reset_limit, verbose)
+    job = _ElasticRun(sc, fn, num_proc, min_n, max_n, timeout, wait_s, reset_limit, verbose)
     return job.run(payload, env, stdout, stderr, prefix_output_with_timestamp)
 
 
@@ -201,18 +199,15 @@ def _deprecated_alias(old: str, old_value: Any, new: str, new_value: Any) -> Any
     return old_value
 
 
-class _ElasticJob:
-    """The driver's control loop of one elastic job: form, watch, re-form, finish."""
+class _ElasticRun:
+    """The driver's side of one elastic job: its Spark jobs, log server and store around
+    the kit's loop (``ElasticJob``), and the workers' results."""
 
     def __init__(self, sc, fn, num_proc, min_n, max_n, timeout, wait_s, reset_limit, verbose):
         self.sc, self.name = sc, getattr(fn, "__name__", "fn")
         self.num_proc, self.min_n, self.max_n = num_proc, min_n, max_n
-        self.timeout, self.wait_s, self.reset_limit, self.verbose = (
-            timeout,
-            wait_s,
-            reset_limit,
-            verbose,
-        )
+        self.timeout, self.wait_s = timeout, wait_s
+        self.reset_limit, self.verbose = reset_limit, verbose
         self.results: dict[str, Any] = {}
 
     def run(self, payload, env, stdout, stderr, timestamps) -> list[Any]:
@@ -226,7 +221,7 @@ class _ElasticJob:
             bind_host=conf.get("spark.driver.bindAddress", host),
             advertised_host=host,
         )
-        self.server = server  # where a failed task sends its error (_errors)
+        self.server = server  # where a failed task sends its error
         store = dist.TCPStore(
             host,
             0,
@@ -254,8 +249,19 @@ class _ElasticJob:
             make_elastic_task(payload, spec),
         )
         members = _Membership(server)
-        driver = ElasticDriver(store, members.alive, self._policy())
-        members.driver = driver
+        job = ElasticJob(
+            store,
+            members.alive,
+            self._policy(),
+            wait=lambda timeout_s: self._take(jobs, timeout_s),
+            finished=lambda: self._finished(job),
+            name=f"run_elastic of {self.name}",
+            poll_s=POLL_S,
+            on_generation=lambda g, n: _say(
+                self.verbose, 2, "generation %d of the ring: %d workers", g, n
+            ),
+        )
+        members.job = job
         _say(
             self.verbose,
             1,
@@ -265,14 +271,10 @@ class _ElasticJob:
         )
         started = time.monotonic()
         try:
-            with _plain_keyboard_interrupt():
+            with _plain_keyboard_interrupt(), job:
                 jobs.start(range(self.max_n))
-                self._form(driver, jobs)
-                order = self._watch(driver, jobs)
-        except BaseException:
-            if driver.members or driver.generation:
-                driver.abort("the elastic job was stopped by the driver")
-            raise
+                job.form(self.num_proc, self.timeout, self._too_few)
+                order = job.watch()
         finally:
             jobs.cancel()  # ends the tasks still waiting to join
             server.close(drain_s=2.0)
@@ -284,28 +286,36 @@ class _ElasticJob:
             self.name,
             len(order),
             time.monotonic() - started,
-            driver.generation,
+            job.driver.generation,
         )
         return [self.results[w] for w in order]
 
     def _failure(self, outcome: Any) -> None:
         """Raise a worker's own error (its function raised); a lost task just leaves."""
-        err = stage_worker_error(str(outcome), self.server, self.server.secret, peers=False)
+        err = find_worker_error(str(outcome), self.server, self.server.secret, peers=False)
         if err is not None and err.error_type != "RingInternalError":
             raise err from None
         log.info("an elastic task ended without a result: %s", str(outcome).splitlines()[0][:200])
 
-    def _drain(self, jobs: _SlotJobs) -> None:
+    def _take(self, jobs: _SlotJobs, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the slots' Spark jobs to end; take in every outcome."""
+        block = True
         while True:
             try:
-                _, kind, value = jobs.outcomes.get_nowait()
+                _, kind, value = jobs.outcomes.get(block, timeout_s if block else None)
             except queue.Empty:
                 return
+            block = False
             if kind == "ok":
                 worker_id, result = cloudpickle.loads(value)
                 self.results[worker_id] = result
             else:
                 self._failure(value)
+
+    def _finished(self, job: ElasticJob) -> bool:
+        """Every member of the ring returned its result."""
+        members = job.driver.members
+        return bool(members) and all(m in self.results for m in members)
 
     def _policy(self) -> ElasticPolicy:
         """Below ``min_num_proc`` wait ``elastic_timeout`` for workers to come back."""
@@ -317,43 +327,9 @@ class _ElasticJob:
             min_name="min_num_proc",
         )
 
-    def _form(self, driver: ElasticDriver, jobs: _SlotJobs) -> None:
-        """Publish the first generation once ``num_proc`` workers connected (or, after
-        ``start_timeout``, at least ``min_num_proc``)."""
-        driver.start([])
-        deadline = time.monotonic() + self.timeout
-        while True:
-            self._drain(jobs)
-            live = driver.workers()
-            ids, hosts = list(live.ids), list(live.hosts)
-            if len(ids) >= self.num_proc or (
-                time.monotonic() > deadline and len(ids) >= self.min_n
-            ):
-                driver.publish(ids, hosts)
-                _say(self.verbose, 2, "generation 1 of the ring: %d workers", len(ids))
-                return
-            if time.monotonic() > deadline:
-                raise NotEnoughSlotsError(
-                    f"run_elastic needs at least min_num_proc={self.min_n} tasks but only "
-                    f"{len(ids)} started within start_timeout={self.timeout:.0f} s. Lower "
-                    "min_num_proc, free or add task slots, or raise start_timeout."
-                )
-            time.sleep(POLL_S)
-
-    def _watch(self, driver: ElasticDriver, jobs: _SlotJobs) -> list[str]:
-        """Re-form the ring as workers come and go; return the final members' ids."""
-        while True:
-            self._drain(jobs)
-            if driver.members and all(m in self.results for m in driver.members):
-                return list(driver.members)
-            if driver.poll():
-                _say(
-                    self.verbose,
-                    2,
-                    "generation %d of the ring: %d workers",
-                    driver.generation,
-                    len(driver.members),
-                )
-            if driver.stopped:
-                raise RingError(f"run_elastic of {self.name} stopped: {driver.stopped}")
-            time.sleep(POLL_S)
+    def _too_few(self, count: int) -> Exception:
+        return NotEnoughSlotsError(
+            f"run_elastic needs at least min_num_proc={self.min_n} tasks but only "
+            f"{count} started within start_timeout={self.timeout:.0f} s. Lower "
+            "min_num_proc, free or add task slots, or raise start_timeout."
+        )

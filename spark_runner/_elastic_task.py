@@ -4,7 +4,7 @@ The task connects to the driver's log server naming its worker id (the socket is
 the driver learns that the worker's process died), sets the elastic environment so
 that ``ringcore.init()`` waits for the driver's generation that lists it, runs the
 function, says it is done and returns ``(worker id, result)``. A failed worker's error
-goes to the driver on that connection (``_errors.task_failure_text``).
+goes to the driver on that connection (``ringcore.launch.task_failure_text``).
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ import cloudpickle
 
 import ringcore
 from ringcore import RingError, RingInternalError, WorkerError, launch
+from ringcore.launch import LogConnection, late_worker_env, stream_pair, task_failure_text
 
-from ._errors import task_failure_text
-from ._output import LogConnection, stream_pair
 from ._task import SECONDARY_FAILURE_DELAY_S, gpu_env
 
 
@@ -49,20 +48,12 @@ def _rank_label() -> str:
 
 
 def _elastic_env(spec: ElasticTaskSpec, worker_id: str, host: str, ctx: Any) -> dict[str, str]:
-    env = {
-        launch.ELASTIC_ENV_VAR: "1",
-        launch.WORKER_ID_ENV_VAR: worker_id,
-        launch.ELASTIC_LATE_ENV_VAR: "1",  # every worker joins through a generation the driver publishes
-        launch.ELASTIC_TIMEOUT_ENV_VAR: str(spec.wait_s),
-        launch.RESET_LIMIT_ENV_VAR: str(spec.reset_limit),
-        launch.SECRET_KEY_ENV_VAR: spec.ring_secret,
-        launch.STORE_ADDR_ENV_VAR: spec.driver_host,
-        launch.STORE_PORT_ENV_VAR: str(spec.store_port),
-        launch.STORE_EXTERNAL_ENV_VAR: "1",
-        launch.RANK_ENV_VAR: "0",
-        launch.SIZE_ENV_VAR: "1",
-        launch.HOSTNAME_ENV_VAR: host,
-    }
+    # every worker joins through a generation the driver publishes
+    env = late_worker_env(
+        spec.driver_host, spec.store_port, worker_id, secret=spec.ring_secret, host=host
+    )
+    env[launch.ELASTIC_TIMEOUT_ENV_VAR] = str(spec.wait_s)
+    env[launch.RESET_LIMIT_ENV_VAR] = str(spec.reset_limit)
     env.update(gpu_env(ctx, None, 0))  # only GPUs Spark assigned: local ranks change
     env.update(spec.env)
     return env

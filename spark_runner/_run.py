@@ -16,12 +16,19 @@ from typing import Any
 import cloudpickle
 
 from ringcore import RingError, cuda_built
-from ringcore.launch import NICS_ENV_VARS, dumps_with_user_code, get_float, nic_names
+from ringcore.launch import (
+    NICS_ENV_VARS,
+    LogServer,
+    dumps_with_user_code,
+    find_worker_error,
+    get_float,
+    new_secret,
+    nic_names,
+)
 from ringcore.progress import ProgressDisplay, progress_enabled, say
 
 from . import _connect
-from ._errors import executor_import_error, executors_python, stage_worker_error
-from ._logserver import DRAIN_S, LogServer
+from ._errors import executor_import_error, executors_python
 from ._platform import defaults
 from ._session import connect_session, is_connect
 from ._slots import default_num_proc, retries_configured, wait_for_slots
@@ -277,7 +284,7 @@ def run(
         log_host=server.advertised_host,
         log_port=server.port,
         secret=server.secret,
-        ring_secret=os.urandom(32).hex(),  # separate from the log secret, which stays out of env
+        ring_secret=new_secret(),  # separate from the log secret, which stays out of env
         timestamps=bool(prefix_output_with_timestamp),
         use_gpu=use_gpu,
         topology_hosts=topology_hosts,
@@ -289,7 +296,7 @@ def run(
         else:
             blobs = _run_stage(sc, fn, payload, spec, verbose, server)
     finally:
-        server.close(drain_s=DRAIN_S)  # every line of the tasks is written now
+        server.close()  # drains: every line of the tasks is written now
         if display is not None:
             display.flush()  # rank 0's last progress, before the end line
             display.close()
@@ -352,8 +359,8 @@ def _run_stage(
             raise
         if interrupted:
             raise KeyboardInterrupt from exc
-        server.drain(DRAIN_S)  # every task's error and last lines are in
-        worker_error = stage_worker_error(str(exc), server, spec.secret)
+        server.drain()  # every task's error and last lines are in
+        worker_error = find_worker_error(str(exc), server, spec.secret)
         if worker_error is not None:
             raise worker_error from None
         what = f"spark_runner.run of {name} on {num_proc} tasks"

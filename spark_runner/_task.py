@@ -33,10 +33,15 @@ from ringcore import (
     topology_from_hosts,
     worker_env,
 )
-from ringcore.launch import HOSTNAME_ENV_VAR, host_major_order, stop_store_server
-
-from ._errors import task_failure_text
-from ._output import LogConnection, connect, stream_pair
+from ringcore.launch import (
+    HOSTNAME_ENV_VAR,
+    LogConnection,
+    connect_log,
+    host_major_order,
+    stop_store_server,
+    stream_pair,
+    task_failure_text,
+)
 
 ATTEMPT_ENV_VAR = "RING_SPARK_ATTEMPT"
 GPU_ADDRESSES_ENV_VAR = "RING_GPU_ADDRESSES"
@@ -137,7 +142,7 @@ def _task_environment(ctx: Any, spec: TaskSpec, rank: int, hosts: list[str]):
     """Yields the task's log-server connection (None: it could not connect)."""
     saved_env = dict(os.environ)
     saved_out, saved_err = sys.stdout, sys.stderr
-    conn = connect(spec.log_host, spec.log_port, spec.secret, ctx.stageId())
+    conn = connect_log(spec.log_host, spec.log_port, spec.secret, ctx.stageId())
     out, err = stream_pair(conn, rank, spec.timestamps)
     try:
         os.environ.update(_ring_env(ctx, spec, rank, hosts, conn))

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
+from .limits import ElasticNames, check_elastic_limits
+
 __all__ = ["AliveFn", "ElasticPolicy", "StartMoreFn", "Workers"]
 
 
@@ -61,8 +63,7 @@ AliveFn = Callable[[], Workers | tuple[Sequence[str], Sequence[str]]]
 StartMoreFn = Callable[[], list[str]]
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+_POLICY_NAMES = ElasticNames(owner="ElasticPolicy.")
 
 
 @dataclass(frozen=True)
@@ -95,21 +96,9 @@ class ElasticPolicy:
     min_name: str = "min_np"
 
     def __post_init__(self) -> None:
-        if not _is_int(self.min_workers) or self.min_workers < 1:
-            raise ValueError(
-                f"ElasticPolicy.min_workers must be an integer >= 1, got {self.min_workers!r}"
-            )
-        if self.max_workers is not None and (
-            not _is_int(self.max_workers) or self.max_workers < self.min_workers
-        ):
-            raise ValueError(
-                f"ElasticPolicy.max_workers must be None or an integer >= "
-                f"min_workers={self.min_workers}, got {self.max_workers!r}"
-            )
-        if self.reset_limit is not None and (not _is_int(self.reset_limit) or self.reset_limit < 0):
-            raise ValueError(
-                f"ElasticPolicy.reset_limit must be None or an integer >= 0, got {self.reset_limit!r}"
-            )
+        check_elastic_limits(
+            self.min_workers, self.max_workers, self.reset_limit, names=_POLICY_NAMES
+        )
         if self.grace_s < 0:
             raise ValueError(f"ElasticPolicy.grace_s must be >= 0 seconds, got {self.grace_s!r}")
         if self.below_min_wait_s is not None and self.below_min_wait_s <= 0:

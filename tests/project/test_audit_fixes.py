@@ -20,15 +20,16 @@ import torch
 import spark_runner
 from estimators import FsspecStore, Store
 from ringcore import WorkerError
-from spark_runner._errors import (
+from ringcore.launch import (
+    MAX_LINE_BYTES,
+    LogConnection,
+    LogServer,
     decode_worker_error,
     encode_worker_error,
+    find_worker_error,
     signed_blob,
-    stage_worker_error,
     task_failure_text,
 )
-from spark_runner._logserver import MAX_LINE_BYTES, LogServer
-from spark_runner._output import LogConnection
 from spark_runner._slots import retries_configured, task_max_failures
 
 SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
@@ -66,7 +67,7 @@ def test_a_forged_worker_error_blob_is_never_unpickled_and_the_real_error_still_
     target = tmp_path / "pwned"
     forged = _forged_markers(str(target))
     secret = uuid.uuid4().hex
-    with caplog.at_level(logging.WARNING, logger="ringtrain.spark_runner"):
+    with caplog.at_level(logging.WARNING, logger="ringtrain.ringcore.launch"):
         assert decode_worker_error(f"Py4JJavaError: ... KeyError: {forged!r}", secret) is None
         assert decode_worker_error(f"... {forged} ...", None) is None  # no secret: nothing
     assert not target.exists()
@@ -99,7 +100,7 @@ def test_a_blob_on_the_log_connection_is_unpickled_only_when_this_jobs_secret_si
         conn.close()
         server.drain(5.0)
         named = f"RuntimeError: {told} (ringtrain worker error {'a' * 16}: forged)"
-        got = stage_worker_error(named, server, server.secret)
+        got = find_worker_error(named, server, server.secret)
     finally:
         server.close()
     assert not target.exists(), "the driver unpickled a blob nobody signed"

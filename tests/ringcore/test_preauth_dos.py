@@ -23,8 +23,7 @@ from _reliability import record
 
 from ringcore._auth import AuthenticationError, verify
 from ringcore.engine.wire import HANDSHAKE_MAX, Channel, _refuse_deep_nesting, accept_handshake
-from spark_runner._logserver import MAX_HANDSHAKES, LogServer
-from spark_runner._output import LogConnection
+from ringcore.launch import MAX_HANDSHAKES, LogConnection, LogServer
 
 SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
 

@@ -183,7 +183,11 @@ def _tf_worker():
 
 @pytest.fixture(scope="module")
 def results():
-    return run_workers(_tf_worker, np=N, env=WORKER_ENV, timeout=110)
+    # fresh interpreters (not forked with torch loaded): the worker imports TensorFlow
+    # first and torch after it, the order a TensorFlow user's script has
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RING_RANK_START", "spawn")
+        return run_workers(_tf_worker, np=N, env=WORKER_ENV, timeout=110)
 
 
 def _inputs():

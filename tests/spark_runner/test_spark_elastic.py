@@ -100,5 +100,5 @@ def test_run_elastic_loses_one_of_three_tasks_and_finishes_every_epoch(spark):
 def test_run_elastic_rejects_inconsistent_sizes_before_launch(spark):
     with pytest.raises(ValueError, match=r"min_num_proc <= num_proc <= max_num_proc, got 3 <= 2"):
         spark_runner.run_elastic(_train, args=(0,), num_proc=2, min_num_proc=3)
-    with pytest.raises(ValueError, match="reset_limit must be a non-negative integer"):
+    with pytest.raises(ValueError, match=r"reset_limit must be None or an integer >= 0, got -1"):
         spark_runner.run_elastic(_train, args=(0,), num_proc=2, reset_limit=-1)

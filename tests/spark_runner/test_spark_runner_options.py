@@ -18,8 +18,7 @@ from _reliability import record
 
 import spark_runner
 from ringcore import RingError, WorkerError, cuda_built
-from spark_runner._logserver import LogServer
-from spark_runner._output import LogConnection
+from ringcore.launch import LogConnection, LogServer
 from spark_runner._task import gpu_env
 
 pytestmark = pytest.mark.spark
@@ -101,11 +100,17 @@ def _environment():
     return {"env": dict(os.environ), "stdout": repr(sys.stdout)}
 
 
-def test_the_log_secret_stays_out_of_the_tasks_environment(spark, monkeypatch):
-    import secrets
+class _KnownSecretLogServer(LogServer):
+    """Seam: the job's log server, with a secret the test knows."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.secret = "f00d" * 16
+
+
+def test_the_log_secret_stays_out_of_the_tasks_environment(spark, monkeypatch):
     known = "f00d" * 16
-    monkeypatch.setattr(secrets, "token_hex", lambda n=32: known)
+    monkeypatch.setattr(spark_runner._run, "LogServer", _KnownSecretLogServer)
     results = spark_runner.run(_environment, num_proc=2)
     for res in results:
         assert not any(known in v for v in res["env"].values())

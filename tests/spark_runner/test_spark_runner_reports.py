@@ -18,9 +18,8 @@ import pytest
 
 import spark_runner
 from ringcore import WorkerError
+from ringcore.launch import MAX_LINE_BYTES, LogConnection, LogServer
 from spark_runner import _run
-from spark_runner._logserver import MAX_LINE_BYTES, LogServer
-from spark_runner._output import LogConnection
 from spark_runner._task import UNKNOWN_ATTEMPT_BASE, agreed_attempt
 
 SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)

@@ -1,5 +1,13 @@
-"""The task's side of output forwarding: prefixed lines to the driver's log server,
-and rank 0's progress (:func:`progress`) over the same connection."""
+"""Log forwarding, the worker's side: prefixed lines to the driver's log server, and
+rank 0's progress (:func:`report_progress`) over the same connection.
+
+A worker opens one :class:`LogConnection` to its launcher's
+:class:`~ringcore.launch.LogServer` (:func:`connect_log`: None when it cannot reach it,
+and the output then stays local), puts :func:`stream_pair`'s two streams in place of
+``sys.stdout`` / ``sys.stderr`` (every line prefixed ``[rank]<stdout>:``), says
+:meth:`LogConnection.done` when its function returned (elastic jobs) and closes the
+connection last, so the driver's drain sees every line before the end line.
+"""
 
 from __future__ import annotations
 
@@ -13,35 +21,39 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ringcore.launch import RANK_ENV_VAR
-
-from ._logserver import (
+from .._auth import answer
+from .._config import RANK_ENV_VAR
+from ._log_server import (
     DONE_TAG,
     HANDSHAKE_TIMEOUT_S,
     PROGRESS_TAG,
     STDERR_TAG,
     STDOUT_TAG,
-    _read_line,
-    answer,
+    read_line,
 )
+
+__all__ = ["LogConnection", "PrefixedLines", "connect_log", "report_progress", "stream_pair"]
 
 TIMESTAMP_FORMAT = "%a %b %d %H:%M:%S %Y"  # Horovod's
 
 
 class LogConnection:
-    """One authenticated connection to the driver; ``send`` is thread-safe."""
+    """One authenticated connection to the driver's log server; ``send`` is thread-safe.
+
+    ``stage_id``: the worker's group, answered with its number (:attr:`stage_attempt`);
+    ``worker_id``: names the worker in an elastic job (its membership signal)."""
 
     def __init__(self, host: str, port: int, secret: str, stage_id: int, worker_id: str = ""):
         self._sock = socket.create_connection((host, port), timeout=HANDSHAKE_TIMEOUT_S)
-        #: this task's address as the driver sees it (the one its peers can reach)
+        #: this worker's address as the driver sees it (the one its peers can reach)
         self.local_address = str(self._sock.getsockname()[0])
-        challenge = _read_line(self._sock, 128)
+        challenge = read_line(self._sock, 128)
         self._sock.sendall(f"{answer(secret, challenge)} {stage_id} {worker_id}\n".encode())
-        #: the Spark stage attempt this task belongs to (0 first, then 1, ...)
-        self.stage_attempt = int(_read_line(self._sock, 32) or 0)
+        #: the number the driver told this worker's group (Spark: the stage attempt)
+        self.stage_attempt = int(read_line(self._sock, 32) or 0)
         self._sock.settimeout(None)
         self._lock = threading.Lock()
-        _Progress.connection = self  # this task's channel for progress()
+        _Progress.connection = self  # this worker's channel for report_progress()
 
     def send(self, tag: str, line: str) -> None:
         data = (tag + line + "\n").encode("utf-8", errors="replace")
@@ -119,10 +131,11 @@ class PrefixedLines:
         return "utf-8"
 
 
-def connect(
+def connect_log(
     host: str, port: int, secret: str, stage_id: int, worker_id: str = ""
 ) -> LogConnection | None:
-    """A connection to the driver's log server, or None (output then stays local)."""
+    """A connection to the driver's log server, or None (output then stays local; the
+    reason is written to stderr)."""
     try:
         return LogConnection(host, port, secret, stage_id, worker_id)
     except (OSError, ValueError) as exc:
@@ -144,7 +157,7 @@ PROGRESS_INTERVAL_S = 0.3
 
 
 class _Progress:
-    """This task's progress state (one task per Python worker at a time)."""
+    """This worker's progress state (one worker per process at a time)."""
 
     connection: LogConnection | None = None
     started: tuple[float, int] | None = None  # (time, step) of the first report
@@ -161,17 +174,18 @@ def _number(name: str, value: Any) -> float:
     return float(value)
 
 
-def progress(
+def report_progress(
     step: int, total: int | None = None, loss: float | None = None, **metrics: Any
 ) -> None:
     """Report this rank's training progress to the driver's progress bar.
 
-    Call it from the function that ``spark_runner.run`` runs, e.g. after every step:
+    Call it from the function a launcher runs (``spark_runner.progress`` is this
+    function), e.g. after every step:
     ``spark_runner.progress(step=i + 1, total=n, loss=loss.item())``. Only rank 0's
     reports are shown; the driver gets at most one every ``PROGRESS_INTERVAL_S`` seconds
     (the last step of ``total`` always), with the steps per second since the first
-    report. ``metrics``: more numbers to show (``lr=0.01``). Outside a
-    ``spark_runner.run`` task it does nothing, so the same function runs anywhere.
+    report. ``metrics``: more numbers to show (``lr=0.01``). In a process with no
+    connection to a log server it does nothing, so the same function runs anywhere.
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise TypeError(f"progress(step=...) takes an integer >= 0, got {step!r}")

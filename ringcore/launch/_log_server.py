@@ -1,24 +1,28 @@
-"""Worker output to the driver, live: a small authenticated TCP line server.
+"""Log forwarding, the driver's side: a small authenticated TCP line server.
 
-The driver listens on its own host; each task connects, proves it knows the job's
-secret by answering a random challenge with an HMAC (the secret never travels on the
-socket), then streams text lines, each starting with ``O`` (stdout) or ``E`` (stderr).
-The driver writes them to the ``stdout`` / ``stderr`` objects given to ``run``. Only
-text is read from the socket, never a pickle; a peer that fails the check is dropped
-before anything else is read from it.
+A launcher starts one :class:`LogServer` per job where its driver runs and tells each
+worker its address and the job's log secret (``LogServer.secret``; never in a worker's
+environment). Each worker connects (``ringcore.launch.LogConnection``), proves it knows
+the secret by answering a random challenge with an HMAC (the secret never travels on
+the socket), then streams text lines, each starting with ``O`` (stdout) or ``E``
+(stderr), prefixed by its rank (``ringcore.launch.stream_pair``). The server writes
+them to the ``stdout`` / ``stderr`` objects it was given. Only text is read from the
+socket, never a pickle; a peer that fails the check is dropped before anything else is
+read from it. Spark's tasks connect to it; so can any launcher's workers.
 
-Elastic jobs also use the connections as the membership signal: a task names its
-worker id in the handshake, so the driver knows at once (the socket closes) when a
-worker's process dies; a ``D`` line says that the worker returned from its function.
-A ``P`` line carries rank 0's progress (``spark_runner.progress``) as a JSON object,
+The connections are also the membership signal of an elastic job: a worker names its
+id in the handshake, so the driver knows at once (the socket closes) when a worker's
+process dies; a ``D`` line says that the worker returned from its function. A ``P``
+line carries rank 0's progress (``ringcore.launch.report_progress``) as a JSON object,
 handed to the ``on_progress`` callable (the driver's progress bar). A ``W`` line,
-``W<ref> <signed blob>``, carries a failed task's error (``_errors``): kept as text
-under its reference, decoded by the driver only after its HMAC checks out; the task's
-exception, which Spark logs, names the reference and not the blob.
+``W<ref> <signed blob>``, carries a failed worker's error (the codec,
+``ringcore.launch.task_failure_text``): kept as text under its reference, decoded by
+the driver only after its HMAC checks out. The handshake's reply is a number the
+launcher hands each worker for its group (``attempt_of``: Spark's stage attempt).
 
-The driver waits for the connections to end (:meth:`LogServer.drain`; each task closes
-its own as it ends) before it reads the errors or prints the job's end line, so every
-line of the tasks is written first, in the order each task sent it.
+The driver waits for the connections to end (:meth:`LogServer.drain`; each worker
+closes its own as it ends) before it reads the errors or prints the job's end line, so
+every line of the workers is written first, in the order each worker sent it.
 """
 
 from __future__ import annotations
@@ -32,28 +36,38 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ringcore.launch import answer, bound_silence, verify
+from .._auth import answer, new_secret, verify
+from ..engine.wire import bound_silence
 
-log = logging.getLogger("ringtrain.spark_runner")
+log = logging.getLogger("ringtrain.ringcore.launch")
+
+__all__ = [
+    "DRAIN_S",
+    "ERROR_TAG",
+    "MAX_HANDSHAKES",
+    "MAX_LINE_BYTES",
+    "LogServer",
+]
 
 HANDSHAKE_TIMEOUT_S = 10.0
 MAX_LINE_BYTES = 1 << 20
 #: connections not yet authenticated at once; more are hung up on and counted (a flood
 #: of strangers must not cost a thread each)
 MAX_HANDSHAKES = 64
-#: how long the driver waits, once a stage ended, for the tasks' connections to end (each
-#: task closes its own as it ends; Spark kills the tasks of a failed stage)
+#: how long the driver waits, once a job ended, for the workers' connections to end (each
+#: worker closes its own as it ends; Spark kills the tasks of a failed stage)
 DRAIN_S = 5.0
 #: how long the accept loop pauses after an error such as EMFILE (too many open files)
 ACCEPT_RETRY_S = 0.1
 STDOUT_TAG, STDERR_TAG, DONE_TAG = "O", "E", "D"
-#: a line of rank 0's progress, a JSON object (``spark_runner.progress``)
+#: a line of rank 0's progress, a JSON object (``report_progress``)
 PROGRESS_TAG = "P"
-#: a line of a failed task's error: ``W<ref> <signed blob>`` (``_errors``)
+#: a line of a failed worker's error: ``W<ref> <signed blob>`` (``_worker_errors``)
 ERROR_TAG = "W"
 
 
-def _read_line(sock: socket.socket, limit: int) -> str:
+def read_line(sock: socket.socket, limit: int) -> str:
+    """One handshake line from ``sock`` (at most ``limit`` bytes), stripped."""
     data = b""
     while not data.endswith(b"\n") and len(data) <= limit:
         chunk = sock.recv(1)
@@ -64,7 +78,12 @@ def _read_line(sock: socket.socket, limit: int) -> str:
 
 
 class LogServer:
-    """Receives the tasks' output lines and writes them to ``stdout`` / ``stderr``."""
+    """Receives the workers' output lines and writes them to ``stdout`` / ``stderr``.
+
+    ``bind_host``: where it listens; ``advertised_host``: the address workers connect to
+    (default ``bind_host``); ``attempt_of(group)``: the number each worker of ``group``
+    is told in the handshake (default 0); ``on_progress``: gets each progress line's
+    object."""
 
     def __init__(
         self,
@@ -78,7 +97,7 @@ class LogServer:
         self.advertised_host = advertised_host or bind_host
         self._on_progress = on_progress  # gets each progress line's object
         self._attempt_of = attempt_of or (lambda stage_id: 0)
-        self.secret = secrets.token_hex(32)
+        self.secret = new_secret()  # the job's log secret: worker connections, error blobs
         self._targets = {STDOUT_TAG: stdout, STDERR_TAG: stderr}
         self._write_lock = threading.Lock()
         self._changed = threading.Condition(self._write_lock)  # a connection ended, an error came
@@ -138,43 +157,45 @@ class LogServer:
         self._readers = [self._readers[i] for i in alive]
         self._conns = [self._conns[i] for i in alive]
 
-    def _authenticate(self, conn: socket.socket) -> str | None:
-        """Challenge, check the HMAC, then tell the task its stage's attempt number.
-        Returns the worker id the task named ("" for none), or None when it failed."""
+    def _authenticate(self, conn: socket.socket) -> tuple[str, int] | None:
+        """Challenge and check the HMAC. Returns the worker id the peer named ("" for
+        none) and its group's number (``attempt_of``), or None when it failed."""
         challenge = secrets.token_hex(16)
         conn.settimeout(HANDSHAKE_TIMEOUT_S)
         conn.sendall(challenge.encode() + b"\n")
-        reply, _, rest = _read_line(conn, 300).partition(" ")
+        reply, _, rest = read_line(conn, 300).partition(" ")
         if not verify(answer(self.secret, challenge), reply):
             return None
         stage, _, worker_id = rest.partition(" ")
         try:
-            attempt = self._attempt_of(int(stage))
+            return worker_id, self._attempt_of(int(stage))
         except Exception:
-            attempt = 0
-        conn.sendall(f"{attempt}\n".encode())
-        conn.settimeout(None)
-        return worker_id
+            return worker_id, 0
 
     def _serve(self, conn: socket.socket, peer: Any) -> None:
         worker_id: str | None = None
+        passed: tuple[str, int] | None = None
         try:
             try:
-                worker_id = self._authenticate(conn)
+                passed = self._authenticate(conn)
             finally:
+                # Counted (and its worker listed) before the peer hears it passed: a
+                # drain() that starts once the peer has sent its lines waits for them.
                 with self._write_lock:
                     self._handshaking -= 1
-                    if worker_id is not None:
+                    if passed is not None:
+                        worker_id = passed[0]
                         self._open += 1
-            if worker_id is None:
+                        if worker_id:
+                            self._workers[worker_id] = str(peer[0])
+            if passed is None:
                 with self._write_lock:
                     self.refused += 1
                 log.warning("rejected a log connection from %s: bad authentication", peer)
                 return
-            if worker_id:
-                with self._write_lock:
-                    self._workers[worker_id] = str(peer[0])
-            self._read_lines(conn, worker_id)
+            conn.sendall(f"{passed[1]}\n".encode())
+            conn.settimeout(None)
+            self._read_lines(conn, passed[0])
         except OSError as exc:
             log.debug("log connection from %s ended: %s", peer, exc)
         finally:
@@ -187,7 +208,7 @@ class LogServer:
             conn.close()
 
     def _read_lines(self, conn: socket.socket, worker_id: str) -> None:
-        """Handle each line until the task closes; a line over MAX_LINE_BYTES is cut
+        """Handle each line until the worker closes; a line over MAX_LINE_BYTES is cut
         there and the rest of it skipped (never read as lines of its own)."""
         skipping = False
         with conn.makefile("r", encoding="utf-8", errors="replace", newline="\n") as lines:
@@ -250,15 +271,15 @@ class LogServer:
             if flush is not None:
                 flush()
 
-    def drain(self, timeout_s: float) -> bool:
-        """Wait until every task's connection has ended and all it sent is handled (at
+    def drain(self, timeout_s: float = DRAIN_S) -> bool:
+        """Wait until every worker's connection has ended and all it sent is handled (at
         most ``timeout_s``); whether they all did."""
         with self._changed:
             return self._changed.wait_for(lambda: self._open == 0, timeout=timeout_s)
 
     def wait_for_errors(self, refs: list[str], timeout_s: float) -> list[str]:
         """The signed error blobs sent under any of ``refs``, in the order of ``refs``:
-        waits until one of them came, or no task is connected, or ``timeout_s``."""
+        waits until one of them came, or no worker is connected, or ``timeout_s``."""
 
         def named() -> list[str]:
             sent = dict(self._errors)
@@ -269,12 +290,12 @@ class LogServer:
             return named()
 
     def worker_errors(self) -> list[str]:
-        """Every signed error blob the tasks sent, in arrival order."""
+        """Every signed error blob the workers sent, in arrival order."""
         with self._write_lock:
             return [blob for _, blob in self._errors]
 
     def close(self, drain_s: float = DRAIN_S) -> None:
-        """Stop accepting; give connected tasks ``drain_s`` to finish their output."""
+        """Stop accepting; give connected workers ``drain_s`` to finish their output."""
         self._closing.set()
         self._listener.close()
         self._acceptor.join(timeout=2.0)
