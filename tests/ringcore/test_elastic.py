@@ -85,8 +85,10 @@ def test_a_killed_rank_is_dropped_and_training_finishes_from_the_last_commit():
 
 
 def test_an_added_worker_gets_the_state_from_rank_0_and_training_goes_on_on_3_ranks():
+    # the two ranks train for ~3 s (12 steps of 0.25 s) once started (~0.5 s from the
+    # fork server); the third worker comes 1.5 s after the start, in the middle of that
     res = run_workers(
-        _elastic_worker, np=2, args=(-1, -1, 0.25), timeout=180, elastic=True, grow=[(4.0, 1)]
+        _elastic_worker, np=2, args=(-1, -1, 0.25), timeout=180, elastic=True, grow=[(1.5, 1)]
     )
     assert len(res) == 3
     for trained, ranks_seen, final_size in res:
