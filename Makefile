@@ -176,7 +176,7 @@ bench: $(STAMP)
 # the table shows it; the report script exits non-zero when any test failed.
 reliability: $(STAMP)
 	mkdir -p build
-	-RELIABILITY_LOAD_OPS=10000 RELIABILITY_FITS=20 PYTHONPATH=tests $(PY) -m pytest -p no:cacheprovider -p _reliability \
+	-RELIABILITY_LOAD_OPS=10000 RELIABILITY_FITS=20 PYTHONPATH=$(CURDIR):tests $(PY) -m pytest -p no:cacheprovider -p _reliability \
 		-m reliability --junitxml=build/reliability.xml tests
 	$(PY) bench/reliability_report.py build/reliability.xml RELIABILITY.md
 

@@ -33,7 +33,9 @@ listed as-is. It works in any run; it costs nothing outside ``make reliability``
 module, loaded as a plugin, copies each test's marker keywords into its XML
 properties) and ``bench/reliability_report.py`` turns the XML into RELIABILITY.md.
 Import this module as ``from _reliability import record`` (pytest puts ``tests/`` on
-``sys.path``; ``make reliability`` sets ``PYTHONPATH=tests``).
+``sys.path``; ``make reliability`` sets ``PYTHONPATH=<root>:tests``: the project's root
+first, or a Python that the tests start would find the test folders ``tests/ringcore``,
+``tests/spark_runner``, ... as namespace packages before the real ones).
 """
 
 from __future__ import annotations
