@@ -27,10 +27,13 @@ import subprocess
 import sys
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# the project's root before tests/: tests/ringcore, tests/spark_runner, ... would else be
+# found as namespace packages ahead of the real ones
 sys.path.insert(
     0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
 )
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common
 from _netns import Cluster, kill_tree, unavailable
 

@@ -20,7 +20,10 @@ import shlex
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the project's root before tests/: tests/ringcore, tests/spark_runner, ... would else be
+# found as namespace packages ahead of the real ones
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, ROOT)
 
 from _netns import Cluster, unavailable  # noqa: E402
 
