@@ -11,7 +11,6 @@ the first failing rank's traceback after ending the other ranks.
 from __future__ import annotations
 
 import datetime
-import os
 import time
 from multiprocessing.connection import wait
 from typing import Any
@@ -40,7 +39,7 @@ _LOOPBACK = "127.0.0.1"
 
 
 def _child(payload: bytes, env: dict[str, str], conn: Any) -> None:
-    os.environ.update(env)
+    # the process already runs with ``env`` (``_ranks.process`` set it up)
     rank = int(env[cfg.RANK_ENV_VAR])
     try:
         fn, args, kwargs = cloudpickle.loads(payload)

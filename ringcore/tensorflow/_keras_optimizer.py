@@ -127,7 +127,7 @@ class _Distributed:
 
     def apply(self: Any, grads: Any, trainable_variables: Any = None) -> Any:
         step = self._ring_step()
-        if self._ring_reducer.sparse_as_dense:  # before Keras adds them up (accumulation)
+        if self._ring_reducer.options.sparse_as_dense:  # before Keras adds them up (accumulation)
             grads = [
                 tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads
             ]

@@ -65,19 +65,15 @@ class GradientReducer:
     ``prescale_factor`` multiplies them first (Keras' accumulated steps)."""
 
     def __init__(self, options: ReductionOptions, prescale_factor: float = 1.0):
-        self.options = options
-        self.op = options.op
-        self.compression, self.sparse_as_dense = options.compression, options.sparse_as_dense
-        self.predivide = float(options.gradient_predivide_factor)
-        self.num_groups, self.process_set = options.num_groups, options.process_set
-        self.prescale, self.scale_local = float(prescale_factor), options.scale_local_gradients
+        self.options, self.prescale = options, float(prescale_factor)
 
     def _scales(self, prescale: bool = True) -> tuple[ReduceOp, float, float]:
         pre = self.prescale if prescale else 1.0
-        if self.predivide != 1.0:  # Horovod: sum the pre-divided values, scale after
-            n = (self.process_set or global_process_set).size()
-            return ReduceOp.Sum, pre / self.predivide, self.predivide / n
-        return self.op, pre, 1.0
+        predivide = float(self.options.gradient_predivide_factor)
+        if predivide != 1.0:  # Horovod: sum the pre-divided values, scale after
+            n = (self.options.process_set or global_process_set).size()
+            return ReduceOp.Sum, pre / predivide, predivide / n
+        return self.options.op, pre, 1.0
 
     def scale(self, grads: list[Any]) -> list[Any]:
         """``grads`` (reduced already) times ``prescale_factor``, without communication."""
@@ -88,13 +84,14 @@ class GradientReducer:
     ) -> list[Any]:
         """``grads`` reduced over the ranks, but those where ``local`` is true: they are
         only divided by the number of ranks (Horovod's ``scale_local_gradients``)."""
-        check_process_set(self.process_set, "DistributedGradientTape")
-        n = (self.process_set or global_process_set).size()
+        o = self.options
+        check_process_set(o.process_set, "DistributedGradientTape")
+        n = (o.process_set or global_process_set).size()
         grads = list(grads)
         local = list(local) if local is not None else [False] * len(grads)
         if n == 1 and (self.prescale == 1.0 or not prescale):
             return grads
-        if self.sparse_as_dense:
+        if o.sparse_as_dense:
             grads = [
                 tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads
             ]
@@ -102,26 +99,26 @@ class GradientReducer:
         out: list[Any] = list(grads)
         shared = [i for i, g in enumerate(grads) if g is not None and not local[i]]
         dense = [i for i in shared if not isinstance(grads[i], tf.IndexedSlices)]
-        for part in _split(dense, self.num_groups):
+        for part in _split(dense, o.num_groups):
             reduced = grouped_allreduce(
                 [grads[i] for i in part],
-                compression=self.compression,
+                compression=o.compression,
                 op=op,
                 prescale_factor=pre,
                 postscale_factor=post,
-                process_set=self.process_set,
+                process_set=o.process_set,
             )
             for i, r in zip(part, reduced, strict=True):
                 out[i] = r
         for i in shared:
             if isinstance(grads[i], tf.IndexedSlices):
                 sparse_op = ReduceOp.Sum if op == ReduceOp.Sum else ReduceOp.Average
-                reduced = allreduce(grads[i], op=sparse_op, process_set=self.process_set)
+                reduced = allreduce(grads[i], op=sparse_op, process_set=o.process_set)
                 out[i] = _scaled(reduced, pre * post)
         kept = self.prescale if prescale else 1.0  # the local ones: no predivide to undo
         for i, g in enumerate(grads):
             if local[i] and g is not None:
-                out[i] = _scaled(g, kept / n if self.scale_local else kept)
+                out[i] = _scaled(g, kept / n if o.scale_local_gradients else kept)
         return out
 
 
