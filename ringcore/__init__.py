@@ -12,6 +12,7 @@ from typing import Any
 
 from ._errors import (
     CollectiveMismatchError,
+    CommandFailedError,
     HorovodInternalError,
     NotInitializedError,
     RendezvousError,
@@ -105,6 +106,7 @@ __all__ = [
     "Sum",
     "Topology",
     "WorkerError",
+    "CommandFailedError",
     "add_process_set",
     "remove_process_set",
     "start_timeline",

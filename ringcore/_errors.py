@@ -9,6 +9,7 @@
     ├── CollectiveMismatchError    ranks disagree on a collective (shape, dtype, op, root);
     │                              also a RuntimeError (as Horovod) and a ValueError
     ├── WorkerError                a worker raised; carries its rank, host and traceback
+    ├── CommandFailedError         a worker's command (a script) exited with a non-zero code
     ├── GpuUnavailableError        GPU work asked for without a usable CUDA device
     └── StackError                 installed packages that do not work together
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 __all__ = [
     "CollectiveMismatchError",
+    "CommandFailedError",
     "GpuUnavailableError",
     "HorovodInternalError",
     "NotInitializedError",
@@ -70,7 +72,9 @@ class GpuUnavailableError(RingError):
 
 class WorkerError(RingError):
     """A worker's function raised. ``rank``, ``host``, ``traceback`` tell where and what;
-    ``output`` holds the last lines the worker printed, when the runner captured them."""
+    ``output`` holds the last lines the worker printed, when the runner captured them.
+    ``exit_code``: the worker's own exit status when it ended by one (a script that
+    exited non-zero, ``sys.exit(n)`` in a function), else None; ``ringrun`` exits with it."""
 
     def __init__(
         self,
@@ -80,8 +84,10 @@ class WorkerError(RingError):
         message: str,
         traceback: str = "",
         output: str = "",
+        exit_code: int | None = None,
     ):
         self.rank = rank
+        self.exit_code = exit_code
         self.host = host
         self.error_type = error_type
         self.message = message
@@ -97,7 +103,15 @@ class WorkerError(RingError):
     def __reduce__(self):
         return (
             type(self),
-            (self.rank, self.host, self.error_type, self.message, self.traceback, self.output),
+            (
+                self.rank,
+                self.host,
+                self.error_type,
+                self.message,
+                self.traceback,
+                self.output,
+                self.exit_code,
+            ),
         )
 
     @classmethod
@@ -105,4 +119,32 @@ class WorkerError(RingError):
         import traceback as tb
 
         text = "".join(tb.format_exception(type(exc), exc, exc.__traceback__))
-        return cls(rank, host, type(exc).__name__, str(exc), text)
+        return cls(rank, host, type(exc).__name__, str(exc), text, exit_code=_exit_code(exc))
+
+
+def _exit_code(exc: BaseException) -> int | None:
+    """The exit status ``exc`` stands for: a failed command's, or ``sys.exit(n)``'s."""
+    if isinstance(exc, CommandFailedError):
+        return exc.exit_code
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return None
+
+
+class CommandFailedError(RingError):
+    """A worker's command (a script a launcher ran for the user) exited with
+    ``exit_code`` (a negative code: ended by that signal)."""
+
+    def __init__(self, argv: list[str], exit_code: int):
+        self.argv = list(argv)
+        self.exit_code = exit_code
+        how = (
+            f"was ended by signal {-exit_code}"
+            if exit_code < 0
+            else f"exited with code {exit_code}"
+        )
+        super().__init__(f"the command {' '.join(self.argv)!s} {how}")
+
+    def __reduce__(self):
+        return (type(self), (self.argv, self.exit_code))

@@ -2,8 +2,9 @@
 
 The parent process hosts the job's store (a coordinator that outlives every rank),
 starts one process per rank (forked from a server with torch loaded: ``ringcore._ranks``)
-with the rendezvous environment set (and a fresh
-per-job ``RING_SECRET_KEY``), and
+with the rendezvous environment set (the ``RING_*`` variables, a fresh per-job
+``RING_SECRET_KEY``, and torchrun's ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``PORT``...
+so that a ``torch.distributed`` program runs as it is), and
 returns each rank's result ordered by rank — or raises :class:`WorkerError` with
 the first failing rank's traceback after ending the other ranks.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import time
+import uuid
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -27,7 +29,10 @@ from .launch import (
     ElasticPolicy,
     Workers,
     check_elastic_limits,
+    free_port,
+    install_init_guard,
     late_worker_env,
+    torchrun_env,
     worker_env,
 )
 from .rendezvous.topology import topology_from_hosts
@@ -42,6 +47,7 @@ def _child(payload: bytes, env: dict[str, str], conn: Any) -> None:
     # the process already runs with ``env`` (``_ranks.process`` set it up)
     rank = int(env[cfg.RANK_ENV_VAR])
     try:
+        install_init_guard()
         fn, args, kwargs = cloudpickle.loads(payload)
         result = fn(*args, **kwargs)
         conn.send(("ok", cloudpickle.dumps(result)))
@@ -235,17 +241,14 @@ def run_workers(
         _LOOPBACK, 0, np, True, timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False
     )
     workers = _Workers(fn, args, kwargs, env, store.port, elastic)
+    master_port, run_id = free_port(_LOOPBACK), uuid.uuid4().hex
     for r in range(np):
-        workers.spawn(
-            worker_env(
-                topology_from_hosts(hosts, r),
-                _LOOPBACK,
-                store.port,
-                external_store=True,
-                secret=workers.secret,
-            ),
-            hosts[r],
+        topology = topology_from_hosts(hosts, r)
+        rank_env = worker_env(
+            topology, _LOOPBACK, store.port, external_store=True, secret=workers.secret
         )
+        rank_env.update(torchrun_env(topology, _LOOPBACK, master_port, run_id))
+        workers.spawn(rank_env, hosts[r])
     pending = dict(enumerate(workers.conns))
     workers.deadline = time.monotonic() + timeout
 

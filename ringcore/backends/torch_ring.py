@@ -3,7 +3,8 @@
 Three ways in: a group someone already formed (a ``torchrun`` script, a test) is
 adopted; under ``mpirun`` rank 0 hosts a store and MPI tells every rank where;
 otherwise the ranks meet at the job's store, check in, and form a Gloo (or
-``cpu:gloo,cuda:nccl``) process group, on the interface on the route to the store.
+``cpu:gloo,cuda:nccl``) process group, on the interface on the route to the store; a
+program's own ``init_process_group()`` afterwards uses that group (``torch_guard``).
 A ring formed here hands the runtime the ring's view of the store and its prefix, so
 that the host's shared-memory plane can sit in front of it (``ringcore.shm.layer``); an
 adopted group has no store of ours and keeps the network path. torch is imported only
@@ -24,6 +25,7 @@ from ..rendezvous import iface
 from ..rendezvous.environment import Rendezvous
 from ..rendezvous.iface import is_loopback
 from ..rendezvous.store_server import host_store, hosted_store, start_store_server
+from . import torch_guard
 from .choice import plan
 from .protocol import Connection
 
@@ -39,6 +41,7 @@ def connect(rdv: Rendezvous, requested: str | None = None) -> Connection:
 
     from .torch_backend import torch_backend
 
+    torch_guard.install()
     if rdv.source == "mpi":
         rdv = _gloo_under_mpi(rdv)
     if dist.is_initialized():
@@ -95,6 +98,7 @@ def _form_group(rdv: Rendezvous, requested: str | None) -> tuple[Any, str]:
             world_size=topo.size,
             timeout=_timeout(cfg.GLOO_TIMEOUT_ENV_VAR, cfg.DEFAULT_GLOO_TIMEOUT_S),
         )
+        torch_guard.set_ringcore_formed(True)
     except Exception as exc:
         raise RendezvousError(
             f"rank {topo.rank} of {topo.size} could not form the {backend} ring through "
@@ -125,6 +129,7 @@ def _destroy_group() -> None:
             dist.destroy_process_group()
         except Exception as exc:
             log.debug("destroy_process_group failed: %s", exc)
+    torch_guard.set_ringcore_formed(False)
     iface.restore()
 
 

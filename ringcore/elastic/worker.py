@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import _config as cfg
 from .._errors import RingError, RingInternalError
-from ..rendezvous.environment import worker_env
+from ..rendezvous.environment import free_port, torchrun_env, worker_env
 from ..rendezvous.topology import topology_from_hosts
 
 log = logging.getLogger("ringtrain.ringcore.elastic")
@@ -220,15 +220,45 @@ def join_late() -> None:
 
 
 def _set_world(g: int, world: dict) -> None:
+    """This worker's environment in generation ``g``: the ``RING_*`` variables and
+    torchrun's, with the new rank, world size and rank 0 (``_master_port``)."""
     global _my_generation
     me = os.environ[cfg.WORKER_ID_ENV_VAR]
     rank = world["workers"].index(me)
+    topology = topology_from_hosts(world["hosts"], rank)
     env = worker_env(
-        topology_from_hosts(world["hosts"], rank),
+        topology,
         os.environ[cfg.STORE_ADDR_ENV_VAR],
         int(os.environ[cfg.STORE_PORT_ENV_VAR]),
         external_store=True,
     )
     env[cfg.STORE_PREFIX_ENV_VAR] = f"elastic/ring/{g}"
+    master = world["hosts"][0] or os.environ[cfg.STORE_ADDR_ENV_VAR]
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ[cfg.STORE_PORT_ENV_VAR]
+    port = _master_port(g, rank)
+    if port is not None:
+        env.update(torchrun_env(topology, master, port, run_id))
+        env["TORCHELASTIC_RESTART_COUNT"] = str(g)
     os.environ.update(env)
     _my_generation = g
+
+
+def _master_port(g: int, rank: int) -> int | None:
+    """The ``MASTER_PORT`` of generation ``g``: rank 0 picks a port free on its host and
+    publishes it in the store; the others read it (None when ``g`` is superseded first:
+    that ring never forms, and ``rejoin`` moves on)."""
+    key = f"elastic/master_port/{g}"
+    if rank == 0:
+        port = free_port()
+        _store().set(key, str(port))
+        return port
+    deadline = time.monotonic() + cfg.get_float(
+        cfg.ELASTIC_TIMEOUT_ENV_VAR, cfg.DEFAULT_ELASTIC_TIMEOUT_S
+    )
+    while time.monotonic() < deadline:
+        if _store().check([key]):
+            return int(_store().get(key))
+        if generation() > g:
+            return None
+        time.sleep(0.02)
+    return None

@@ -24,7 +24,20 @@ The contract:
 - the open registry of data-plane backends (:func:`register_backend`: a factory that
   joins the ring and returns a :class:`Connection` holding a :class:`Backend`);
 - pickling a user's function with the modules it needs (:func:`dumps_with_user_code`)
-  and typed reads of the environment (:func:`get_env`, :func:`get_float`, ...).
+  and typed reads of the environment (:func:`get_env`, :func:`get_float`, ...);
+- **the torchrun contract**: :func:`torchrun_env` (``RANK``, ``WORLD_SIZE``,
+  ``LOCAL_RANK``, ..., ``MASTER_ADDR``/``MASTER_PORT``: every launcher sets them beside
+  the ``RING_*`` ones, so a ``torch.distributed`` program runs unchanged),
+  :func:`free_port` (the user's ``MASTER_PORT``, picked on rank 0's host), and the guard
+  on ``init_process_group`` a worker installs before the user's code runs
+  (:func:`install_init_guard`: one process group per job, whoever forms it first; an
+  explicit rank or world size that disagrees with the launcher's is an error) and
+  :func:`release_user_group` (a reused worker process starts its next job with no
+  group left by the last one);
+- **scripts and commands**: :func:`check_script` (a Python file and string arguments,
+  checked before any job), :func:`script_command` (the command that runs it as
+  ``python PATH ARGS`` would) and :func:`run_command` (runs a command in the worker,
+  its output forwarded, its exit status raised as :class:`CommandFailedError`).
 
 The kit:
 
@@ -83,21 +96,24 @@ from .._config import (
     get_float,
     get_int,
 )
-from .._errors import GpuUnavailableError
+from .._errors import CommandFailedError, GpuUnavailableError
 from ..backends.devices import check_use_gpu
 from ..backends.protocol import Backend, Connection
 from ..backends.registry import register_backend
+from ..backends.torch_guard import install as install_init_guard
+from ..backends.torch_guard import release_user_group
 from ..elastic.driver import ElasticDriver
 from ..elastic.job import ElasticJob, late_worker_env
 from ..elastic.limits import ElasticNames, check_elastic_limits
 from ..elastic.policy import ElasticPolicy, Workers
 from ..elastic.worker import forget_job
 from ..engine.wire import bound_silence
-from ..rendezvous.environment import worker_env
+from ..rendezvous.environment import TORCHRUN_VARS, free_port, torchrun_env, worker_env
 from ..rendezvous.iface import NICS_ENV_VARS, nic_names, nics_env
 from ..rendezvous.store_server import hosted_store, start_store_server, stop_store_server
 from ..rendezvous.topology import host_major_order
 from ..runtime.state import backend_name, data_plane
+from ._commands import check_script, run_command, script_command
 from ._gpu import pin_gpu
 from ._log_client import LogConnection, connect_log, report_progress, stream_pair
 from ._log_server import MAX_HANDSHAKES, MAX_LINE_BYTES, LogServer
@@ -135,8 +151,10 @@ __all__ = [
     "STORE_EXTERNAL_ENV_VAR",
     "STORE_PORT_ENV_VAR",
     "STORE_PREFIX_ENV_VAR",
+    "TORCHRUN_VARS",
     "WORKER_ID_ENV_VAR",
     "Backend",
+    "CommandFailedError",
     "Connection",
     "ElasticDriver",
     "ElasticJob",
@@ -150,6 +168,7 @@ __all__ = [
     "backend_name",
     "bound_silence",
     "check_elastic_limits",
+    "check_script",
     "check_use_gpu",
     "connect_log",
     "data_plane",
@@ -158,12 +177,14 @@ __all__ = [
     "encode_worker_error",
     "find_worker_error",
     "forget_job",
+    "free_port",
     "get_bool",
     "get_env",
     "get_float",
     "get_int",
     "host_major_order",
     "hosted_store",
+    "install_init_guard",
     "job_secret",
     "late_worker_env",
     "mac",
@@ -172,12 +193,16 @@ __all__ = [
     "nics_env",
     "pin_gpu",
     "register_backend",
+    "release_user_group",
     "report_progress",
+    "run_command",
+    "script_command",
     "signed_blob",
     "start_store_server",
     "stop_store_server",
     "stream_pair",
     "task_failure_text",
+    "torchrun_env",
     "verify",
     "worker_env",
     "worker_error_summary",

@@ -17,7 +17,14 @@ from .. import _config as cfg
 from .._errors import RendezvousError
 from .topology import Topology
 
-__all__ = ["Rendezvous", "read_environment", "worker_env"]
+__all__ = [
+    "TORCHRUN_VARS",
+    "Rendezvous",
+    "free_port",
+    "read_environment",
+    "torchrun_env",
+    "worker_env",
+]
 
 
 @dataclass(frozen=True)
@@ -167,3 +174,68 @@ def read_environment() -> Rendezvous:
         if found is not None:
             return found
     return _single_process()
+
+
+#: the variables torchrun sets for each worker, which :func:`torchrun_env` builds
+TORCHRUN_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+)
+
+
+def torchrun_env(
+    topology: Topology, master_addr: str, master_port: int, run_id: str
+) -> dict[str, str]:
+    """The environment torchrun gives a worker, for the same rank as ringcore's
+    host-major ``topology``: so ``torch.distributed.init_process_group()`` with no
+    arguments (env://) forms the job's group, and Lightning, Accelerate and the Hugging
+    Face Trainer see a torchelastic job. ``GROUP_RANK`` is the index of this rank's host
+    (hosts in rank order; every rank of a host is consecutive), as torchrun's node rank.
+    ``master_port``: a free port on rank 0's host for the user's own process group, never
+    the job's store port (``free_port`` on that host)."""
+    hosts: list[str] = []
+    for h in topology.hosts:
+        if h not in hosts:
+            hosts.append(h)
+    if hosts:
+        group_rank, group_size = hosts.index(topology.hosts[topology.rank]), len(hosts)
+    else:
+        group_rank, group_size = topology.cross_rank, topology.cross_size
+    return {
+        "RANK": str(topology.rank),
+        "WORLD_SIZE": str(topology.size),
+        "LOCAL_RANK": str(topology.local_rank),
+        "LOCAL_WORLD_SIZE": str(topology.local_size),
+        "GROUP_RANK": str(group_rank),
+        "GROUP_WORLD_SIZE": str(group_size),
+        "ROLE_RANK": str(topology.rank),
+        "ROLE_WORLD_SIZE": str(topology.size),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+    }
+
+
+def free_port(host: str = "") -> int:
+    """A TCP port free on this host now (bound to ``host``, then released), for a
+    server that starts later: the user's ``MASTER_PORT``."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,172 @@
+"""One process group per job, whoever forms it first: the user's program or ``init()``.
+
+A launcher gives every worker torchrun's variables (``torchrun_env``), so a
+``torch.distributed`` program forms the job's group with
+``init_process_group()``; ``ringcore.init()`` then adopts that group
+(``torch_ring.connect``). When ``init()`` came first, ringcore formed the default group,
+and the program's own ``init_process_group()`` would fail ("trying to initialize the
+default process group twice"): the guard installed here turns that call into a use of
+ringcore's group, after checking that it asks for nothing the group is not.
+
+The guard also checks a program's explicit ``rank=`` / ``world_size=`` against the
+launcher's (``RING_RANK`` / ``RING_SIZE``): a disagreement would otherwise wait at the
+rendezvous until its timeout. Installing it does not import torch: until the program
+imports ``torch.distributed``, an import hook waits for it (:func:`install`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import inspect
+import logging
+import sys
+from typing import Any
+
+from .. import _config as cfg
+from .._errors import RendezvousError
+
+log = logging.getLogger("ringtrain.ringcore")
+
+__all__ = ["install", "release_user_group", "ringcore_formed", "set_ringcore_formed"]
+
+_formed_by_ringcore = False
+
+
+def set_ringcore_formed(formed: bool) -> None:
+    """``torch_ring`` says whether the default group is one it formed (and now left)."""
+    global _formed_by_ringcore
+    _formed_by_ringcore = formed
+
+
+def ringcore_formed() -> bool:
+    return _formed_by_ringcore
+
+
+def _launcher_value(name: str) -> int | None:
+    raw = cfg.get_env(name)
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+def _check_against_launcher(rank: Any, world_size: Any) -> None:
+    """An explicit rank or world size that the launcher's says otherwise: an error
+    naming both (the group could only time out)."""
+    for asked, var, what in (
+        (rank, cfg.RANK_ENV_VAR, "rank"),
+        (world_size, cfg.SIZE_ENV_VAR, "world_size"),
+    ):
+        launched = _launcher_value(var)
+        if launched is None or asked is None or int(asked) < 0 or int(asked) == launched:
+            continue
+        mine, size = _launcher_value(cfg.RANK_ENV_VAR), _launcher_value(cfg.SIZE_ENV_VAR)
+        raise RendezvousError(
+            f"init_process_group({what}={int(asked)}) disagrees with the launcher: this "
+            f"worker is rank {mine} of {size} ({var}={launched}; torchrun's RANK and "
+            f"WORLD_SIZE say the same). Call init_process_group() without rank= and "
+            f"world_size= (env:// reads them), or launch the number of workers the "
+            f"program expects."
+        )
+
+
+def _check_backend(dist: Any, backend: Any) -> None:
+    """A group ringcore formed answers a program's ``init_process_group(backend)`` only
+    when it has that backend for the devices the program will use."""
+    if backend is None:
+        return
+    wanted = str(backend).lower()
+    have = str(dist.get_backend_config()).lower()
+    if "nccl" in wanted and "nccl" not in have:
+        raise RendezvousError(
+            f"init_process_group(backend={backend!r}): ringcore.init() already formed this "
+            f"job's process group with {have!r}, which has no NCCL. Call "
+            "init_process_group before hvd.init()/ringcore.init() (ringcore then uses the "
+            "program's group), or launch with use_gpu=True so that ringcore forms "
+            "cpu:gloo,cuda:nccl."
+        )
+
+
+def _guarded(original: Any) -> Any:
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = signature.bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            return original(*args, **kwargs)  # torch's own error for a bad call
+        _check_against_launcher(bound.get("rank"), bound.get("world_size"))
+        import torch.distributed as dist
+
+        if _formed_by_ringcore and dist.is_initialized():
+            _check_backend(dist, bound.get("backend"))
+            log.debug("init_process_group(): the job's group is already formed; using it")
+            return None
+        return original(*args, **kwargs)
+
+    init_process_group._ringcore_guard = True  # type: ignore[attr-defined]
+    return init_process_group
+
+
+def _patch(dist: Any) -> None:
+    if not dist.is_available():
+        return
+    from torch.distributed import distributed_c10d as c10d
+
+    if getattr(c10d.init_process_group, "_ringcore_guard", False):
+        return
+    guarded = _guarded(c10d.init_process_group)
+    c10d.init_process_group = guarded
+    dist.init_process_group = guarded
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches ``torch.distributed`` right after it is first imported."""
+
+    busy = False
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "torch.distributed" or self.busy:
+            return None
+        self.busy = True
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+        finally:
+            self.busy = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader = spec.loader
+        run = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            _patch(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def install() -> None:
+    """Guard ``torch.distributed.init_process_group`` in this process (idempotent): now
+    when ``torch.distributed`` is imported, else when the program imports it."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and hasattr(dist, "init_process_group"):
+        _patch(dist)
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
+
+
+def release_user_group() -> None:
+    """End a default process group the user's code formed and left (Lightning and the
+    Hugging Face Trainer never destroy theirs): a process that runs the next job (a
+    Spark Python worker, a Ray actor) must start it with none."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or _formed_by_ringcore or not dist.is_available() or not dist.is_initialized():
+        return
+    try:
+        dist.destroy_process_group()
+    except Exception as exc:  # a dead peer must not fail the worker's own result
+        log.debug("destroy_process_group of the user's group failed: %s", exc)
