@@ -7,7 +7,9 @@ whole and ``RING_SPARK_ATTEMPT`` tells ``fn`` which attempt it is (to resume fro
 checkpoint). ``run_elastic(fn, min_num_proc=..., max_num_proc=...)`` keeps a
 ``ringcore.torch.elastic`` job going as tasks are lost or added (the driver is the
 rendezvous coordinator). On a Spark Connect session ``run`` uses
-``mapInArrow(..., barrier=True)`` and returns results in chunks. ``local_session()`` builds a SparkSession set up for this machine (tests,
+``mapInArrow(..., barrier=True)`` and returns results in chunks, and ``run_elastic`` runs
+each worker as a one-task ``mapInArrow`` job (the client is the coordinator).
+``local_session()`` builds a SparkSession set up for this machine (tests,
 scripts, the demo). ``is_connect(spark)`` tells a Spark Connect session from a classic one.
 ``wait_for_slots(spark, num_proc, timeout_s)`` (a SparkSession, classic or Connect, or a
 SparkContext) fails before any job when the cluster cannot hold ``num_proc`` barrier tasks;

@@ -7,6 +7,8 @@ mode; each task runs the classic path's worker code (:func:`make_barrier_task`, 
 gets its ``BarrierTaskContext`` the same way) and returns its pickled ``(rank, result)``
 as rows ``(rank, chunk, data)`` of at most :data:`CHUNK_BYTES` each, so a large result
 never becomes one oversized Arrow row; the driver joins the chunks in order.
+``run_elastic`` wraps its (non-barrier) worker the same way (:func:`arrow_task`), one
+single-task job per worker (``_slot_jobs``).
 
 What differs from the classic path: the slot check reads ``spark.master`` and
 ``spark.task.cpus`` from ``spark.conf`` (other masters: one small probe job counts the
@@ -78,19 +80,21 @@ def client_address(spark: Any) -> str:
         return "127.0.0.1"
 
 
-def make_arrow_task(payload: bytes, spec: TaskSpec):
-    """The function given to ``mapInArrow(..., barrier=True)``: the classic worker, its
-    one result blob cut into ``(rank, chunk, data)`` rows."""
-    barrier_task = make_barrier_task(payload, spec)
+def arrow_task(partition_task: Any):
+    """The function given to ``mapInArrow``: ``partition_task`` (an RDD partition
+    function, as the classic path gives ``mapPartitions``) over the ids of the
+    partition's ``spark.range`` rows; its one result blob cut into ``(rank, chunk,
+    data)`` rows, ``rank`` being the partition's index."""
 
     def task(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
-        from pyspark import BarrierTaskContext
+        from pyspark import TaskContext
 
-        for _ in batches:  # the partition's one input row carries nothing
-            pass
-        rank = BarrierTaskContext.get().partitionId()
-        blob = b"".join(barrier_task(iter(())))
+        ids = [i for batch in batches for i in batch.column(0).to_pylist()]
+        ctx = TaskContext.get()
+        assert ctx is not None, "run inside a Spark task"
+        rank = ctx.partitionId()
+        blob = b"".join(partition_task(iter(ids)))
         schema = pa.schema([("rank", pa.int32()), ("chunk", pa.int32()), ("data", pa.binary())])
         for index, start in enumerate(range(0, max(len(blob), 1), CHUNK_BYTES)):
             data = [blob[start : start + CHUNK_BYTES]]
@@ -100,6 +104,12 @@ def make_arrow_task(payload: bytes, spec: TaskSpec):
             )
 
     return task
+
+
+def make_arrow_task(payload: bytes, spec: TaskSpec):
+    """The function given to ``mapInArrow(..., barrier=True)``: the classic worker
+    (:func:`make_barrier_task`), its one result blob cut into ``(rank, chunk, data)`` rows."""
+    return arrow_task(make_barrier_task(payload, spec))
 
 
 def reassemble(table: Any, num_proc: int) -> list[bytes]:

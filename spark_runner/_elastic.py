@@ -2,14 +2,16 @@
 
 A barrier stage is all-or-nothing, so an elastic job runs outside barrier mode: one
 single-task Spark job per slot (``max_num_proc`` of them, submitted from driver
-threads under one job group), so that a lost task fails only its own job. The
-driver is the rendezvous coordinator: it hosts the job's store and publishes the
-generations of the ring through the kit's elastic loop
-(:class:`ringcore.launch.ElasticJob`, by its :class:`~ringcore.launch.ElasticPolicy`). Each task
-connects to the driver's log server with its worker id — that socket closing is how
-the driver learns at once that a worker died — and joins the ring through the first
-generation that lists it. A task Spark retries (``spark.task.maxFailures``) is a new
-worker and joins the next generation.
+threads; :mod:`spark_runner._slot_jobs`), so that a lost task fails only its own job.
+On a classic session these are RDD jobs under one job group; on a Spark Connect client
+(no SparkContext) ``mapInArrow`` operations under one operation tag. Everything else is
+the same on both: the driver (on Connect, the client) is the rendezvous coordinator: it
+hosts the job's store and publishes the generations of the ring through the kit's
+elastic loop (:class:`ringcore.launch.ElasticJob`, by its
+:class:`~ringcore.launch.ElasticPolicy`). Each task connects to the driver's log server
+with its worker id — that socket closing is how the driver learns at once that a worker
+died — and joins the ring through the first generation that lists it. A task Spark
+retries (``spark.task.maxFailures``) is a new worker and joins the next generation.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import datetime
 import logging
 import queue
 import sys
-import threading
 import time
 import uuid
 import warnings
@@ -26,7 +27,6 @@ from typing import Any
 
 import cloudpickle
 
-from ringcore import RingError
 from ringcore.launch import (
     DEFAULT_ELASTIC_TIMEOUT_S,
     ElasticJob,
@@ -46,11 +46,13 @@ from ._run import (
     _check_options,
     _plain_keyboard_interrupt,
     _say,
+    driver_address,
     horovod_options_env,
     resolve_timeout,
 )
 from ._session import is_connect
-from ._slots import NotEnoughSlotsError, wait_for_slots
+from ._slot_jobs import ClassicSlotJobs, ConnectSlotJobs, SlotJobs
+from ._slots import NotEnoughSlotsError, default_num_proc, wait_for_slots
 
 log = logging.getLogger("ringtrain.spark_runner")
 
@@ -60,44 +62,14 @@ POLL_S = 0.1
 SPARK_NAMES = ElasticNames(min="min_num_proc", max="max_num_proc", num="num_proc")
 
 
-def _resolve_sizes(sc: Any, num_proc, min_num_proc, max_num_proc) -> tuple[int, int, int]:
+def _resolve_sizes(spark: Any, num_proc, min_num_proc, max_num_proc) -> tuple[int, int, int]:
     """``num_proc`` (default: ``max_num_proc``, else ``min_num_proc``, else the cluster's
     parallelism) and the bounds around it (default: ``num_proc``); checked before."""
     if num_proc is None:
-        num_proc = max_num_proc or min_num_proc or sc.defaultParallelism
+        num_proc = max_num_proc or min_num_proc or default_num_proc(spark)
     min_n = min_num_proc if min_num_proc is not None else num_proc
     max_n = max_num_proc if max_num_proc is not None else num_proc
     return num_proc, min_n, max_n
-
-
-class _SlotJobs:
-    """One single-task Spark job per slot, each on its own driver thread."""
-
-    def __init__(self, sc: Any, group: str, description: str, task: Any):
-        self.sc, self.group, self.description, self.task = sc, group, description, task
-        self.outcomes: queue.Queue[tuple[int, str, Any]] = queue.Queue()
-        self.threads: list[threading.Thread] = []
-
-    def start(self, slots: range) -> None:
-        for slot in slots:
-            thread = threading.Thread(
-                target=self._one, args=(slot,), name=f"ringtrain-elastic-{slot}", daemon=True
-            )
-            self.threads.append(thread)
-            thread.start()
-
-    def _one(self, slot: int) -> None:
-        self.sc.setJobGroup(self.group, self.description, interruptOnCancel=True)
-        try:
-            blobs = self.sc.parallelize([slot], 1).mapPartitions(self.task).collect()
-            self.outcomes.put((slot, "ok", blobs[0]))
-        except Exception as exc:
-            self.outcomes.put((slot, "error", exc))
-
-    def cancel(self) -> None:
-        self.sc.cancelJobGroup(self.group)
-        for thread in self.threads:
-            thread.join(timeout=10.0)
 
 
 class _Membership:
@@ -158,6 +130,10 @@ def run_elastic(
     Horovod's ``nics``, ``use_gloo``, ``use_mpi``, ``extra_mpi_args`` as in ``run``;
     ``min_np`` / ``max_np`` are Horovod's deprecated spellings of ``min_num_proc`` /
     ``max_num_proc``.
+
+    On a Spark Connect session the same: each worker is a one-task ``mapInArrow`` job
+    under an operation tag, and this client hosts the ring's store and log server, so
+    the executors must reach it (see ``spark_runner._slot_jobs``).
     """
     _check_options(fn, env, verbose, None)
     env = horovod_options_env(env, use_gloo, use_mpi, extra_mpi_args, nics)
@@ -174,18 +150,12 @@ def run_elastic(
     )
     wait_s = DEFAULT_ELASTIC_TIMEOUT_S if elastic_timeout is None else float(elastic_timeout)
     spark = _active_session()
-    if is_connect(spark):
-        raise RingError(
-            "run_elastic needs a classic SparkSession (the driver hosts the ring's store); "
-            "under Spark Connect use spark_runner.run, which is not elastic."
-        )
-    sc = spark.sparkContext
-    num_proc, min_n, max_n = _resolve_sizes(sc, num_proc, min_num_proc, max_num_proc)
+    num_proc, min_n, max_n = _resolve_sizes(spark, num_proc, min_num_proc, max_num_proc)
     timeout = resolve_timeout(start_timeout)
-    slots = wait_for_slots(sc, min_n, timeout)
+    slots = wait_for_slots(spark, min_n, timeout)  # classic or Connect
     _say(verbose, 2, "the cluster offers %d task slots for %d-%d workers", slots, min_n, max_n)
     payload = dumps_with_user_code((fn, tuple(args), dict(kwargs or {})), fn)
-    job = _ElasticRun(sc, fn, num_proc, min_n, max_n, timeout, wait_s, reset_limit, verbose)
+    job = _ElasticRun(spark, fn, num_proc, min_n, max_n, timeout, wait_s, reset_limit, verbose)
     return job.run(payload, env, stdout, stderr, prefix_output_with_timestamp)
 
 
@@ -203,8 +173,8 @@ class _ElasticRun:
     """The driver's side of one elastic job: its Spark jobs, log server and store around
     the kit's loop (``ElasticJob``), and the workers' results."""
 
-    def __init__(self, sc, fn, num_proc, min_n, max_n, timeout, wait_s, reset_limit, verbose):
-        self.sc, self.name = sc, getattr(fn, "__name__", "fn")
+    def __init__(self, spark, fn, num_proc, min_n, max_n, timeout, wait_s, reset_limit, verbose):
+        self.spark, self.name = spark, getattr(fn, "__name__", "fn")
         self.num_proc, self.min_n, self.max_n = num_proc, min_n, max_n
         self.timeout, self.wait_s = timeout, wait_s
         self.reset_limit, self.verbose = reset_limit, verbose
@@ -213,12 +183,11 @@ class _ElasticRun:
     def run(self, payload, env, stdout, stderr, timestamps) -> list[Any]:
         import torch.distributed as dist
 
-        conf = self.sc.getConf()
-        host = conf.get("spark.driver.host", "127.0.0.1")
+        host, bind = driver_address(self.spark)  # on Connect: this client's address
         server = LogServer(
             stdout if stdout is not None else sys.stdout,
             stderr if stderr is not None else sys.stderr,
-            bind_host=conf.get("spark.driver.bindAddress", host),
+            bind_host=bind,
             advertised_host=host,
         )
         self.server = server  # where a failed task sends its error
@@ -241,13 +210,7 @@ class _ElasticRun:
             reset_limit=self.reset_limit or 0,
             ring_secret=new_secret(),  # one per job, never the fallback over Gloo
         )
-        group = f"ringtrain-elastic-{uuid.uuid4().hex[:12]}"
-        jobs = _SlotJobs(
-            self.sc,
-            group,
-            f"ringtrain spark_runner.run_elastic of {self.name} on {self.min_n}-{self.max_n} tasks",
-            make_elastic_task(payload, spec),
-        )
+        jobs = self._slot_jobs(make_elastic_task(payload, spec))
         members = _Membership(server)
         job = ElasticJob(
             store,
@@ -290,6 +253,17 @@ class _ElasticRun:
         )
         return [self.results[w] for w in order]
 
+    def _slot_jobs(self, task: Any) -> SlotJobs:
+        """The slots' Spark jobs: RDD jobs under a job group, or on a Connect client
+        ``mapInArrow`` operations under an operation tag."""
+        label = f"ringtrain-elastic-{uuid.uuid4().hex[:12]}"
+        if is_connect(self.spark):
+            return ConnectSlotJobs(self.spark, label, task)
+        description = (
+            f"ringtrain spark_runner.run_elastic of {self.name} on {self.min_n}-{self.max_n} tasks"
+        )
+        return ClassicSlotJobs(self.spark.sparkContext, label, description, task)
+
     def _failure(self, outcome: Any) -> None:
         """Raise a worker's own error (its function raised); a lost task just leaves."""
         err = find_worker_error(str(outcome), self.server, self.server.secret, peers=False)
@@ -297,7 +271,7 @@ class _ElasticRun:
             raise err from None
         log.info("an elastic task ended without a result: %s", str(outcome).splitlines()[0][:200])
 
-    def _take(self, jobs: _SlotJobs, timeout_s: float) -> None:
+    def _take(self, jobs: SlotJobs, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for the slots' Spark jobs to end; take in every outcome."""
         block = True
         while True:

@@ -1,4 +1,6 @@
-"""What runs inside each (non-barrier) Spark task of ``run_elastic``.
+"""What runs inside each (non-barrier) Spark task of ``run_elastic``: an RDD partition
+function over the partition ``[slot]`` (on Spark Connect wrapped for ``mapInArrow`` by
+``_connect.arrow_task``).
 
 The task connects to the driver's log server naming its worker id (the socket is how
 the driver learns that the worker's process died), sets the elastic environment so
@@ -69,7 +71,8 @@ def _worker_environment(ctx: Any, spec: ElasticTaskSpec, worker_id: str):
         raise RingError(
             f"run_elastic: this task cannot reach the driver at {spec.driver_host}:"
             f"{spec.log_port} ({exc}); elastic jobs need executors that can connect to the "
-            "driver (set spark.driver.host to an address they reach)."
+            "driver (set spark.driver.host to an address they reach; on Spark Connect, the "
+            "client that called run_elastic: run it where the executors reach it)."
         ) from exc
     out, err = stream_pair(conn, _rank_label, spec.timestamps)
     try:

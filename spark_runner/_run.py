@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -169,34 +170,34 @@ def _stage_attempt(sc: Any, stage_id: int) -> int:
     return int(info.currentAttemptId) if info is not None else 0
 
 
+def driver_address(spark: Any) -> tuple[str, str]:
+    """Where the tasks reach this process, and the address its servers listen on: on a
+    classic session ``spark.driver.host`` / ``spark.driver.bindAddress``; on a Connect
+    client (which is not Spark's driver) its address on the route to the server."""
+    if is_connect(spark):
+        host = _connect.client_address(spark)
+        return host, defaults().log_bind_host or host
+    conf = spark.sparkContext.getConf()
+    host = conf.get("spark.driver.host", "127.0.0.1")
+    return host, conf.get("spark.driver.bindAddress", defaults().log_bind_host or host)
+
+
 def _log_server(
     spark: Any, stdout: Any, stderr: Any, num_proc: int, display: ProgressDisplay | None = None
 ) -> LogServer:
-    stdout = stdout if stdout is not None else sys.stdout
-    stderr = stderr if stderr is not None else sys.stderr
-    on_progress = display.update if display is not None else None
-    if is_connect(spark):  # this client is not Spark's driver: listen where it is
-        host = _connect.client_address(spark)
-        bind = defaults().log_bind_host or host
-        return LogServer(
-            stdout,
-            stderr,
-            bind_host=bind,
-            attempt_of=_connect.AttemptCounter(num_proc),
-            advertised_host=host,
-            on_progress=on_progress,
-        )
-    sc = spark.sparkContext
-    conf = sc.getConf()
-    host = conf.get("spark.driver.host", "127.0.0.1")
-    bind = conf.get("spark.driver.bindAddress", defaults().log_bind_host or host)
+    host, bind = driver_address(spark)
+    attempt_of: Any = (  # a Connect client has no status tracker: count the connections
+        _connect.AttemptCounter(num_proc)
+        if is_connect(spark)
+        else functools.partial(_stage_attempt, spark.sparkContext)
+    )
     return LogServer(
-        stdout,
-        stderr,
+        stdout if stdout is not None else sys.stdout,
+        stderr if stderr is not None else sys.stderr,
         bind_host=bind,
-        attempt_of=lambda stage_id: _stage_attempt(sc, stage_id),
+        attempt_of=attempt_of,
         advertised_host=host,
-        on_progress=on_progress,
+        on_progress=display.update if display is not None else None,
     )
 
 

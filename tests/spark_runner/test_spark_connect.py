@@ -1,7 +1,8 @@
-"""spark_runner.run on a Spark Connect session: a real Spark Connect server started from
-the pyspark package (``spark-submit --class ...SparkConnectServer``) on 127.0.0.1 with
-``local[2]`` (``local[2,2]``, which retries failed tasks, for the stage-retry test), stopped
-by PID at the end; the barrier stage is ``mapInArrow(barrier=True)``."""
+"""spark_runner.run and run_elastic on a Spark Connect session: a real Spark Connect server
+started from the pyspark package (``spark-submit --class ...SparkConnectServer``) on
+127.0.0.1 with ``local[2]`` (``local[2,2]``, which retries failed tasks, for the stage-retry
+and the elastic tests), stopped by PID at the end; the barrier stage is
+``mapInArrow(barrier=True)``, an elastic worker a one-task ``mapInArrow`` job."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import time
 
 import _connect_server
 import pytest
+from _elastic_train import assert_every_sample_trained_once_per_epoch, train_losing_one_worker
 
 import spark_runner
-from ringcore import RingError, WorkerError
+from ringcore import WorkerError
 from spark_runner import is_connect
 from spark_runner._connect import CHUNK_BYTES
 
@@ -94,8 +96,8 @@ def test_num_proc_beyond_the_servers_slots_is_refused_before_the_stage(spark):
     assert "master local[2]" in message and "Lower num_proc to 2" in message
     with pytest.raises(ValueError, match="num_proc must be a positive integer, got 0"):
         spark_runner.run(_fails_on_rank_one, num_proc=0)
-    with pytest.raises(RingError, match="run_elastic needs a classic SparkSession"):
-        spark_runner.run_elastic(_fails_on_rank_one, num_proc=2)
+    with pytest.raises(spark_runner.NotEnoughSlotsError, match=r"has 2 \(master local\[2\]"):
+        spark_runner.run_elastic(_fails_on_rank_one, num_proc=3, min_num_proc=3)
 
 
 def _sleeps(pid_dir):
@@ -166,3 +168,30 @@ def test_a_failed_stage_on_connect_is_retried_with_the_next_attempt_number(spark
     assert is_connect(spark) and spark.conf.get("spark.master") == "local[2,2]"
     results = spark_runner.run(_dies_on_the_first_attempt, num_proc=2)
     assert results == [(0, 1), (1, 1)]
+
+
+@pytest.mark.reliability(
+    fault="a Spark task lost under run_elastic on Spark Connect, retried by Spark",
+    category="fault",
+)
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("connect_server", ["local[2,2]"], indirect=True)
+def test_run_elastic_on_connect_reforms_with_the_retried_task_and_trains_every_epoch(spark):
+    out = io.StringIO()
+    results = spark_runner.run_elastic(
+        train_losing_one_worker,
+        args=(3, 1, 2),  # slot 1's first task dies at step 3 of the ring of two
+        num_proc=2,
+        stdout=out,
+        stderr=io.StringIO(),
+    )
+    assert [r[2:4] for r in results] == [(0, 2), (1, 2)]
+    workers = {r[4]: r[5] for r in results}  # worker id -> its task's attempt number
+    assert sorted(w.split("-")[0] for w in workers) == ["0", "1"]
+    assert workers[next(w for w in workers if w.startswith("1-"))] == 1  # Spark's retry
+    for trained, sizes, *_ in results:
+        assert sizes == [2, 2]  # formed on 2; re-formed on 2 with the retried task
+        assert_every_sample_trained_once_per_epoch(trained)
+    assert results[0][0] == results[1][0]  # every rank holds the same trained steps
+    lines = out.getvalue().splitlines()
+    assert lines.count("[0]<stdout>:ring of 2") == 2 and lines.count("[1]<stdout>:ring of 2") == 2
