@@ -40,7 +40,7 @@ TORCH_WHEEL = build/torch/torch-$(TORCH_VERSION)*.whl
 # compiled, and every rank, Spark and Ray worker the tests start compiled ringcore and
 # the runners again (about 0.7 s of CPU per process). .pyc files go to __pycache__/,
 # which git ignores; a stale one is never used (Python checks the source's mtime).
-PY_SOURCES := ringcore spark_runner ray_runner estimators tests bench tools notebooks examples
+PY_SOURCES := ringcore spark_runner ray_runner estimators ringrun tests bench tools notebooks examples
 
 .PHONY: demo test test-side test-current test-spark35 test-spark41 test-spark35-newest soak bench lint install clean reliability conformance conformance-examples cluster-up cluster-down
 

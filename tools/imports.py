@@ -18,7 +18,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # ringtrain's top-level packages, in the order the diagrams draw them
-PACKAGES = ["estimators", "spark_runner", "ray_runner", "ringcore"]
+PACKAGES = ["ringrun", "estimators", "spark_runner", "ray_runner", "ringcore"]
 
 
 def modules(packages: list[str], root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:

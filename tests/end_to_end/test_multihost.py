@@ -917,3 +917,64 @@ def test_a_hung_tests_report_holds_the_python_stacks_of_the_processes_it_names(t
         assert python_stacks(parent.pid, b"no such process title") == ""
     finally:
         kill_tree(parent)
+
+
+_RINGRUN_JOB = """
+import json, os, socket, torch, torch.distributed as dist
+import ringcore.torch as hvd
+dist.init_process_group("gloo")  # env://: MASTER_ADDR/PORT, RANK, WORLD_SIZE from ringrun
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+hvd.init()
+print(json.dumps({
+    "rank": hvd.rank(), "local_rank": hvd.local_rank(), "cross_rank": hvd.cross_rank(),
+    "dist_sum": t.item(), "sum": hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item(),
+    "hostname": socket.gethostname(), "master": os.environ["MASTER_ADDR"],
+}), flush=True)
+hvd.shutdown()
+"""
+
+# ssh's place for ringrun: ssh's options dropped, the host mapped to its namespace, the
+# remote line run there under the host's own hostname (as _MPI_LAUNCHER does for mpiexec)
+_RINGRUN_SSH = """#!/bin/sh
+while [ $# -gt 0 ]; do case "$1" in -o|-p|-i) shift 2;; -*) shift;; *) break;; esac; done
+line=$(grep "^$1 " "$(dirname "$0")/hosts")
+ns=${line#* }; ns=${ns% *}; name=${line##* }
+exec ip netns exec "$ns" unshare --uts -- sh -c "hostname $name && $2"
+"""
+
+
+def test_ringrun_runs_two_ranks_on_each_of_two_hosts_through_ssh(cluster, tmp_path):
+    """ringrun in the root namespace hosts the store (on its address toward the hosts);
+    ranks start over the ssh seam; rank 0's MASTER_PORT is asked of its host."""
+    launcher = tmp_path / "ssh.sh"
+    launcher.write_text(_RINGRUN_SSH)
+    launcher.chmod(0o755)
+    (tmp_path / "hosts").write_text(
+        "".join(f"{h.addr} {h.ns} {h.hostname}\n" for h in cluster.hosts)
+    )
+    (tmp_path / "job.py").write_text(_RINGRUN_JOB)
+    hosts = ",".join(f"{h.addr}:2" for h in cluster.hosts)
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "ringrun", "-np", "4", "-H", hosts, "--start-timeout", "40",
+         sys.executable, str(tmp_path / "job.py")],
+        # the program's own Gloo group: its hosts' names resolve to 127.0.0.1, so it is
+        # told the interface, as under torchrun (ringcore's ring finds it alone)
+        env={**_clean_env(), "RINGRUN_SSH": str(launcher), "GLOO_SOCKET_IFNAME": "eth0"},
+        cwd=tmp_path,
+        capture_output=True, text=True, timeout=150,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    results = {}
+    for line in proc.stdout.splitlines():
+        rank, _, text = line[1:].partition("]<stdout>:")
+        if text.startswith("{"):
+            results[int(rank)] = json.loads(text)
+    assert sorted(results) == [0, 1, 2, 3]
+    for r, res in results.items():
+        assert res["rank"] == r and res["dist_sum"] == 10.0 and res["sum"] == 4.0
+        assert (res["local_rank"], res["cross_rank"]) == (r % 2, r // 2)
+        assert res["master"] == cluster.hosts[0].addr
+    assert results[0]["hostname"] == results[1]["hostname"] != results[2]["hostname"]
+    assert time.monotonic() - started < 120

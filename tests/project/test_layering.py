@@ -23,12 +23,15 @@ FORBIDDEN = {
         "estimators",
         "spark_runner",
         "ray_runner",
+        "ringrun",
         "tensorflow",
         "keras",
     },
-    "spark_runner": {"ray", "ray_runner", "estimators"},
-    "ray_runner": {"pyspark", "estimators", "spark_runner"},
-    "estimators": {"ray", "ray_runner"},
+    "spark_runner": {"ray", "ray_runner", "estimators", "ringrun"},
+    "ray_runner": {"pyspark", "estimators", "spark_runner", "ringrun"},
+    "estimators": {"ray", "ray_runner", "ringrun"},
+    # the launcher is the top: it may use the runners (lazily), never the estimators
+    "ringrun": {"estimators"},
 }
 # ringcore's framework bindings may import their own framework
 ALLOWED = {
@@ -66,8 +69,8 @@ def test_package_never_imports_what_design_forbids(package):
 
 
 # our top-level packages, and the folders whose code may use only their public names
-PACKAGES = ("ringcore", "spark_runner", "ray_runner", "estimators")
-CLIENTS = ("estimators", "spark_runner", "ray_runner", "notebooks", "bench", "tools")
+PACKAGES = ("ringcore", "spark_runner", "ray_runner", "estimators", "ringrun")
+CLIENTS = ("estimators", "spark_runner", "ray_runner", "ringrun", "notebooks", "bench", "tools")
 # (file, private name) pairs allowed, each with its reason; keep this list short
 EXCEPTIONS = {
     # the --stages profiler times one op inside the engine's own methods: it wraps the

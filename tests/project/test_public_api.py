@@ -408,6 +408,7 @@ PUBLIC = {
         "default_store",
         "read_tensorboard_scalars",
     },
+    "ringrun": {"UsageError", "main"},
 }
 
 
