@@ -132,8 +132,12 @@ def reassemble(table: Any, num_proc: int) -> list[bytes]:
     return blobs
 
 
-def run_stage(spark: Any, payload: bytes, spec: TaskSpec, server: Any) -> list[bytes]:
+def run_stage(
+    spark: Any, payload: bytes, spec: TaskSpec, server: Any, profile: Any = None
+) -> list[bytes]:
     """The barrier stage under its own operation tag; interrupted if anything stops it.
+    ``profile``: the stage's task ResourceProfile (``mapInArrow(profile=)``, pyspark >= 4.0),
+    already taken by the server (``spark_runner._resources``).
     A failed task's error comes from the log server ``server`` when the task reached it,
     else from the Connect error text."""
     num_proc = spec.num_proc
@@ -143,10 +147,12 @@ def run_stage(spark: Any, payload: bytes, spec: TaskSpec, server: Any) -> list[b
         retried = retries_configured(
             str(spark.conf.get("spark.master", "")), spark.conf.get("spark.task.maxFailures", None)
         )
+        with_profile = {} if profile is None else {"profile": profile}
         frame = spark.range(0, num_proc, 1, num_proc).mapInArrow(
             make_arrow_task(payload, replace(spec, all_or_none=retried)),
             RESULT_SCHEMA,
             barrier=True,
+            **with_profile,
         )
         if retried:  # Spark reruns a failed barrier stage only before a shuffle
             frame = frame.repartition(1)

@@ -31,6 +31,7 @@ from ringcore.progress import ProgressDisplay, progress_enabled, say
 from . import _connect
 from ._errors import executor_import_error, executors_python
 from ._platform import defaults
+from ._resources import ResourceSource, StagePlan, stage_resources
 from ._session import connect_session, is_connect
 from ._slots import default_num_proc, retries_configured, wait_for_slots
 from ._task import TaskSpec, make_barrier_task
@@ -219,6 +220,7 @@ def run(
     nics: Any = None,
     executable: str | None = None,
     progress: bool | None = None,
+    resources: dict[str, float] | None = None,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` on ``num_proc`` ranks, one Spark task each, and
     return every rank's return value ordered by rank.
@@ -244,6 +246,15 @@ def run(
     rank without such resources, and needs a CUDA build; False never pins. Pinning sets
     ``CUDA_VISIBLE_DEVICES`` and ``RING_GPU_ADDRESSES`` (use
     ``spark.python.worker.reuse=false`` so a reused worker has not initialized CUDA).
+
+    ``resources``: what each task asks Spark for, e.g. ``{"gpu": 1, "cpus": 1}`` (each key
+    optional, ``cpus`` defaulting to ``spark.task.cpus``); ``use_gpu=True`` asks for
+    ``gpu=1``. Where the session's settings do not already give it, the barrier stage gets
+    a task ResourceProfile (stage-level scheduling: standalone, YARN, Kubernetes), so the
+    application's other stages keep every CPU slot; each task pins the GPUs Spark gave it.
+    Where Spark cannot give it (``local[N]``, no GPUs on the executors), ``use_gpu=True``
+    alone pins by local rank as above, and ``resources`` raises before any job. A log line
+    says which was used (see ``spark_runner._resources``). No CUDA is touched on the driver.
 
     When Spark may retry (``local[N,F]`` with F > 1, or ``spark.task.maxFailures`` > 1),
     a failed stage is rerun as a whole (up to ``spark.stage.maxConsecutiveAttempts``);
@@ -273,7 +284,10 @@ def run(
     num_proc = _check_num_proc(num_proc)
     timeout = resolve_timeout(start_timeout)
     topology_hosts = _topology_hosts(num_proc)
-    slots = wait_for_slots(spark, num_proc, timeout)  # classic or Connect
+    plan = stage_resources(spark, resources, use_gpu)  # no job; refuses what Spark cannot give
+    if plan.source is not ResourceSource.DEFAULT:
+        _say(verbose, 1, "%s", plan.describe())
+    slots = wait_for_slots(spark, num_proc, timeout, plan)  # classic or Connect
     _say(verbose, 2, "the cluster offers %d task slots for %d ranks", slots, num_proc)
     payload = dumps_with_user_code((fn, tuple(args), dict(kwargs or {})), fn)
     name = getattr(fn, "__name__", "fn")
@@ -293,9 +307,9 @@ def run(
     started = time.monotonic()
     try:
         if connect:
-            blobs = _run_connect_stage(spark, fn, payload, spec, verbose, server)
+            blobs = _run_connect_stage(spark, fn, payload, spec, verbose, server, plan)
         else:
-            blobs = _run_stage(sc, fn, payload, spec, verbose, server)
+            blobs = _run_stage(sc, fn, payload, spec, verbose, server, plan)
     finally:
         server.close()  # drains: every line of the tasks is written now
         if display is not None:
@@ -332,17 +346,24 @@ def _plain_keyboard_interrupt():
         signal.signal(signal.SIGINT, previous)
 
 
-def _collect(sc: Any, payload: bytes, spec: TaskSpec) -> list[bytes]:
+def _collect(sc: Any, payload: bytes, spec: TaskSpec, plan: StagePlan) -> list[bytes]:
     retried = retries_configured(sc.master, sc.getConf().get("spark.task.maxFailures"))
     rdd = sc.parallelize(range(spec.num_proc), spec.num_proc).barrier()
-    stage = rdd.mapPartitions(make_barrier_task(payload, replace(spec, all_or_none=retried)))
+    task = make_barrier_task(payload, replace(spec, all_or_none=retried))
+    stage = plan.apply(rdd.mapPartitions(task))  # the barrier stage's own profile, if any
     if retried:
         stage = stage.map(lambda blob: (0, blob)).partitionBy(1).values()
     return stage.collect()
 
 
 def _run_stage(
-    sc: Any, fn, payload: bytes, spec: TaskSpec, verbose: int, server: LogServer
+    sc: Any,
+    fn,
+    payload: bytes,
+    spec: TaskSpec,
+    verbose: int,
+    server: LogServer,
+    plan: StagePlan,
 ) -> list[bytes]:
     """One barrier stage under its own job group; cancelled if anything interrupts it."""
     name, num_proc = getattr(fn, "__name__", "fn"), spec.num_proc
@@ -353,7 +374,7 @@ def _run_stage(
     _say(verbose, 1, "launching %s on %d Spark barrier tasks (job group %s)", name, num_proc, group)
     try:
         with _plain_keyboard_interrupt() as interrupted:
-            return _collect(sc, payload, spec)
+            return _collect(sc, payload, spec, plan)
     except BaseException as exc:
         sc.cancelJobGroup(group)  # no task, and no Python worker, outlives the call
         if not isinstance(exc, Exception):
@@ -377,9 +398,15 @@ def _run_stage(
 
 
 def _run_connect_stage(
-    spark: Any, fn, payload: bytes, spec: TaskSpec, verbose: int, server: LogServer
+    spark: Any,
+    fn,
+    payload: bytes,
+    spec: TaskSpec,
+    verbose: int,
+    server: LogServer,
+    plan: StagePlan,
 ) -> list[bytes]:
     name, num_proc = getattr(fn, "__name__", "fn"), spec.num_proc
     _say(verbose, 1, "launching %s on %d Spark Connect barrier tasks", name, num_proc)
     with _plain_keyboard_interrupt():
-        return _connect.run_stage(spark, payload, spec, server)
+        return _connect.run_stage(spark, payload, spec, server, plan.profile)

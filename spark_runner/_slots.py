@@ -60,11 +60,15 @@ def _conf(sc: Any, key: str, default: str) -> str:
     return sc.getConf().get(key, default)
 
 
-def task_slots(sc: Any) -> int:
-    """Task slots Spark can run at once for the default resource profile."""
+def task_slots(sc: Any, profile: Any = None) -> int:
+    """Task slots Spark can run at once for ``profile`` (a pyspark ``ResourceProfile``
+    Spark has taken, e.g. a ``StagePlan``'s: 2 executors of 1 GPU each hold 2 tasks of
+    gpu=1), by default for the default resource profile."""
     jsc = sc._jsc.sc()
-    profile = jsc.resourceProfileManager().defaultResourceProfile()
-    return int(jsc.maxNumConcurrentTasks(profile))
+    java = getattr(profile, "_java_resource_profile", None)
+    if java is None:
+        java = jsc.resourceProfileManager().defaultResourceProfile()
+    return int(jsc.maxNumConcurrentTasks(java))
 
 
 def describe_cluster(sc: Any) -> str:
@@ -86,18 +90,21 @@ def default_num_proc(spark: Any) -> int:
     return int(getattr(spark, "sparkContext", spark).defaultParallelism)
 
 
-def wait_for_slots(sc: Any, num_proc: int, timeout_s: float) -> int:
+def wait_for_slots(sc: Any, num_proc: int, timeout_s: float, plan: Any = None) -> int:
     """Return the slot count once it reaches ``num_proc``; raise before any job starts
     when it cannot. Local masters have a fixed count; cluster masters get up to
     ``timeout_s`` for executors to register.
 
     ``sc``: a SparkContext, or a SparkSession (classic, or Spark Connect: the slots of
-    the server's cluster, :func:`wait_for_connect_slots`)."""
+    the server's cluster, :func:`wait_for_connect_slots`, which counts CPU slots only).
+    ``plan``: the stage's ``StagePlan`` (``spark_runner._resources``); its profile's slots
+    are counted, and the error names what each task asks for."""
     if is_connect(sc):
         return wait_for_connect_slots(sc, num_proc, timeout_s)
     sc = getattr(sc, "sparkContext", sc)  # a classic SparkSession: its SparkContext
     dynamic = _conf(sc, "spark.dynamicAllocation.enabled", "false").lower() == "true"
-    slots = task_slots(sc)
+    profile = getattr(plan, "profile", None)
+    slots = task_slots(sc, profile)
     if slots >= num_proc:
         return slots
     fixed = sc.master.startswith("local") and not sc.master.startswith("local-cluster")
@@ -106,7 +113,7 @@ def wait_for_slots(sc: Any, num_proc: int, timeout_s: float) -> int:
         log.info("waiting up to %.0f s for %d task slots (have %d)", timeout_s, num_proc, slots)
     while slots < num_proc and time.monotonic() < deadline:
         time.sleep(0.5)
-        slots = task_slots(sc)
+        slots = task_slots(sc, profile)
     if slots >= num_proc:
         return slots
     hint = (
@@ -115,9 +122,11 @@ def wait_for_slots(sc: Any, num_proc: int, timeout_s: float) -> int:
         if dynamic
         else ""
     )
+    per_task = f" for tasks of {plan.describe_request()}" if profile is not None else ""
     raise NotEnoughSlotsError(
-        f"The barrier stage needs {num_proc} task slots but the cluster has {slots} "
-        f"({describe_cluster(sc)}). Lower num_proc to {max(slots, 1)} or add executors/cores.{hint}"
+        f"The barrier stage needs {num_proc} task slots{per_task} but the cluster has {slots} "
+        f"({describe_cluster(sc)}). Lower num_proc to {max(slots, 1)} or add executors/cores."
+        f"{hint}"
     )
 
 

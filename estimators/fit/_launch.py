@@ -14,6 +14,7 @@ the store, the last complete checkpoint (checked readable) and the fix.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import posixpath
@@ -37,14 +38,18 @@ __all__ = ["launch", "spark_launcher"]
 Launcher = Callable[[Callable[..., Any], tuple, int], list[Any]]
 
 
-def spark_launcher(fn: Callable[..., Any], args: tuple, num_proc: int) -> list[Any]:
+def spark_launcher(
+    fn: Callable[..., Any], args: tuple, num_proc: int, use_gpu: bool | None = None
+) -> list[Any]:
     """Run ``fn(*args)`` on ``num_proc`` tasks of one Spark barrier stage. The stage's
     own launch and end lines go to DEBUG (``verbose=0``): the fit says its own, the end
     line after every epoch's line (rank 0's epochs reach the driver through the store,
-    after the stage's end)."""
+    after the stage's end). ``use_gpu=True``: one GPU per task, asked of Spark as
+    ``spark_runner.run(use_gpu=True)`` does (the stage's own ResourceProfile where the
+    cluster has stage-level scheduling)."""
     import spark_runner
 
-    return spark_runner.run(fn, args=args, num_proc=num_proc, verbose=0)
+    return spark_runner.run(fn, args=args, num_proc=num_proc, verbose=0, use_gpu=use_gpu)
 
 
 def _os_error_names() -> set[str]:
@@ -130,6 +135,8 @@ def _run(launcher: Launcher, fn: Any, args: tuple, cfg: FitConfig) -> list[Any]:
     or a store that refuses a write now) is explained (see the module docstring)."""
     if cfg.run_params:  # what this run trains, before its first checkpoint
         record_run(cfg.store, cfg.run_id, cfg.run_params)
+    if launcher is spark_launcher and cfg.use_gpu:  # the fit trains on GPUs: ask Spark for them
+        launcher = functools.partial(spark_launcher, use_gpu=True)
     try:
         return launcher(fn, args, cfg.num_proc)
     except WorkerError as err:
