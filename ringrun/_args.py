@@ -11,11 +11,37 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
+import shutil
 from dataclasses import dataclass
 
 from ringcore import RingError
+from ringcore.launch import (
+    AUTOTUNE_ENV_VAR,
+    AUTOTUNE_LOG_ENV_VAR,
+    CACHE_CAPACITY_ENV_VAR,
+    CYCLE_TIME_ENV_VAR,
+    ELASTIC_TIMEOUT_ENV_VAR,
+    FUSION_THRESHOLD_ENV_VAR,
+    LOG_LEVEL_ENV_VAR,
+    START_TIMEOUT_ENV_VAR,
+    TIMELINE_ENV_VAR,
+    TIMELINE_MARK_CYCLES_ENV_VAR,
+    ElasticNames,
+    check_elastic_limits,
+)
 
 __all__ = ["Options", "UsageError", "host_slots", "parse", "parser", "rank_hosts"]
+
+#: ringrun's names of the elastic limits, for ``check_elastic_limits``' messages
+ELASTIC_NAMES = ElasticNames(
+    min="--min-np",
+    max="--max-np",
+    num="-np",
+    reset_limit="--reset-limit",
+    timeout="--elastic-timeout",
+    max_none="unset",
+)
 
 
 class UsageError(RingError, ValueError):
@@ -48,6 +74,14 @@ class Options:
     master: str | None = None
     ray: bool = False
     address: str | None = None
+    # elastic (as horovodrun's): the ring re-forms as hosts and workers come and go
+    elastic: bool = False
+    min_np: int = 1
+    max_np: int | None = None
+    discovery: tuple[str, ...] = ()  # the host discovery script's argv
+    slots_per_host: int | None = None
+    elastic_timeout: float | None = None
+    reset_limit: int | None = None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -76,9 +110,13 @@ def parser() -> argparse.ArgumentParser:
     a("--autotune-log-file", help="where autotune logs what it tried")
     a("--log-level", choices=["TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"])
     a("-v", "--verbose", action="store_true", help="say what ringrun starts where (stderr)")
-    a("--min-np", type=int, help="elastic: not yet supported")
-    a("--max-np", type=int, help="elastic: not yet supported")
-    a("--host-discovery-script", help="elastic: not yet supported")
+    e = p.add_argument_group("elastic (as horovodrun's)").add_argument
+    e("--min-np", "--min-num-proc", dest="min_np", type=int, help="fewest workers (default -np)")
+    e("--max-np", "--max-num-proc", dest="max_np", type=int, help="most workers (default: slots)")
+    e("--host-discovery-script", help="prints the hosts now, one host:slots a line")
+    e("--slots-per-host", "--slots", dest="slots", type=int, help="slots of a bare host line")
+    e("--elastic-timeout", type=float, help="seconds below --min-np before failing (600)")
+    e("--reset-limit", type=int, help="the most times the ring may re-form")
     a("--spark", action="store_true", help="run the ranks as one Spark barrier stage")
     a("--master", help="with --spark: local[N], spark://..., sc://... (Spark Connect)")
     a("--ray", action="store_true", help="run the ranks as Ray actors")
@@ -153,13 +191,11 @@ def rank_hosts(hosts: tuple[tuple[str, int], ...], np: int) -> list[str]:
     return slots[:np]
 
 
+def _is_elastic(ns: argparse.Namespace) -> bool:
+    return ns.min_np is not None or ns.max_np is not None or bool(ns.host_discovery_script)
+
+
 def _check_modes(ns: argparse.Namespace) -> None:
-    if ns.min_np is not None or ns.max_np is not None or ns.host_discovery_script:
-        raise UsageError(
-            "--min-np / --max-np / --host-discovery-script: elastic jobs are not yet "
-            "supported by ringrun; drop them for a fixed -np job, or run an elastic job "
-            "with spark_runner.run_elastic or ray_runner.ElasticRayExecutor"
-        )
     if ns.spark and ns.ray:
         raise UsageError("--spark and --ray both given; pick the one cluster to run on")
     if ns.master and not ns.spark:
@@ -183,28 +219,100 @@ def _knobs(ns: argparse.Namespace) -> list[tuple[str, str]]:
     if ns.fusion_threshold_mb is not None:
         if ns.fusion_threshold_mb < 0:
             raise UsageError(f"--fusion-threshold-mb {ns.fusion_threshold_mb:g} is negative")
-        env.append(("RING_FUSION_THRESHOLD", str(int(ns.fusion_threshold_mb * 1024 * 1024))))
+        env.append((FUSION_THRESHOLD_ENV_VAR, str(int(ns.fusion_threshold_mb * 1024 * 1024))))
     if ns.cycle_time_ms is not None:
         if ns.cycle_time_ms <= 0:
             raise UsageError(f"--cycle-time-ms {ns.cycle_time_ms:g}: give milliseconds > 0")
-        env.append(("RING_CYCLE_TIME", f"{ns.cycle_time_ms:g}"))
+        env.append((CYCLE_TIME_ENV_VAR, f"{ns.cycle_time_ms:g}"))
     if ns.cache_capacity is not None:
-        env.append(("RING_CACHE_CAPACITY", str(ns.cache_capacity)))
+        env.append((CACHE_CAPACITY_ENV_VAR, str(ns.cache_capacity)))
     if ns.timeline_filename:
-        env.append(("RING_TIMELINE", os.path.abspath(ns.timeline_filename)))
+        env.append((TIMELINE_ENV_VAR, os.path.abspath(ns.timeline_filename)))
     if ns.timeline_mark_cycles:
-        env.append(("RING_TIMELINE_MARK_CYCLES", "1"))
+        env.append((TIMELINE_MARK_CYCLES_ENV_VAR, "1"))
     if ns.autotune:
-        env.append(("RING_AUTOTUNE", "1"))
+        env.append((AUTOTUNE_ENV_VAR, "1"))
     if ns.autotune_log_file:
-        env.append(("RING_AUTOTUNE_LOG", os.path.abspath(ns.autotune_log_file)))
+        env.append((AUTOTUNE_LOG_ENV_VAR, os.path.abspath(ns.autotune_log_file)))
     if ns.log_level:
-        env.append(("RING_LOG_LEVEL", ns.log_level.lower()))
+        env.append((LOG_LEVEL_ENV_VAR, ns.log_level.lower()))
     if ns.start_timeout is not None:
         if ns.start_timeout <= 0:
             raise UsageError(f"--start-timeout {ns.start_timeout:g}: give seconds > 0")
-        env.append(("RING_START_TIMEOUT", f"{ns.start_timeout:g}"))
+        env.append((START_TIMEOUT_ENV_VAR, f"{ns.start_timeout:g}"))
+    if ns.elastic_timeout is not None and ns.elastic_timeout > 0:
+        env.append((ELASTIC_TIMEOUT_ENV_VAR, f"{ns.elastic_timeout:g}"))
     return env
+
+
+def _discovery_argv(script: str) -> tuple[str, ...]:
+    """The discovery script's argv (a path as it is, else split as a shell would), checked."""
+    argv = (script,) if os.path.isfile(script) else tuple(shlex.split(script))
+    program = argv[0] if argv else ""
+    where = f"--host-discovery-script {script!r}"
+    if os.sep not in program and not os.path.exists(program):
+        found = shutil.which(program) if program else None
+        if found is None:
+            raise UsageError(
+                f"{where}: {program!r} is neither a file nor a program on PATH; give the path of "
+                "an executable script that prints the hosts, one host:slots a line"
+            )
+        return (found, *argv[1:])
+    if not os.path.isfile(program):
+        raise UsageError(
+            f"{where}: {program!r} does not exist; give the path of an executable script "
+            "that prints the hosts, one host:slots a line"
+        )
+    if not os.access(program, os.X_OK):
+        raise UsageError(f"{where}: {program!r} is not executable; chmod +x {program}")
+    return (os.path.abspath(program), *argv[1:])
+
+
+def _elastic(ns: argparse.Namespace) -> dict:
+    """The elastic fields of :class:`Options` (checked: limits, script, modes)."""
+    if not _is_elastic(ns):
+        for flag, value in (("--slots-per-host", ns.slots), ("--elastic-timeout",
+                            ns.elastic_timeout), ("--reset-limit", ns.reset_limit)):  # fmt: skip
+            if value is not None:
+                raise UsageError(
+                    f"{flag} {value} is for elastic jobs; add --min-np/--max-np or "
+                    "--host-discovery-script, or drop it"
+                )
+        return {}
+    for flag, on in (("--spark", ns.spark), ("--ray", ns.ray), ("--mpi", ns.mpi)):
+        if on:
+            raise UsageError(
+                f"{flag} with an elastic job: ringrun runs elastic jobs itself (as horovodrun "
+                f"with Gloo); drop {flag}, or drop --min-np/--max-np/--host-discovery-script"
+            )
+    if ns.host_discovery_script and (ns.hosts or ns.hostfile):
+        raise UsageError(
+            "--host-discovery-script with -H/--hostfile: the script says the hosts; drop one"
+        )
+    if ns.slots is not None and not ns.host_discovery_script:
+        raise UsageError(f"--slots-per-host {ns.slots} needs --host-discovery-script")
+    if ns.slots is not None and ns.slots < 1:
+        raise UsageError(f"--slots-per-host {ns.slots}: a host has >= 1 slot")
+    min_np = ns.min_np if ns.min_np is not None else ns.np
+    try:
+        check_elastic_limits(
+            min_np, ns.max_np, ns.reset_limit, ns.elastic_timeout, num=ns.np, names=ELASTIC_NAMES
+        )
+    except ValueError as exc:
+        raise UsageError(
+            f"{exc}; e.g. ringrun --min-np 2 --max-np 4 --host-discovery-script ./hosts.sh "
+            "python train.py"
+        ) from None
+    discovery = _discovery_argv(ns.host_discovery_script) if ns.host_discovery_script else ()
+    return {
+        "elastic": True,
+        "min_np": min_np,
+        "max_np": ns.max_np,
+        "discovery": discovery,
+        "slots_per_host": ns.slots,
+        "elastic_timeout": ns.elastic_timeout,
+        "reset_limit": ns.reset_limit,
+    }
 
 
 def parse(argv: list[str]) -> Options:
@@ -212,11 +320,16 @@ def parse(argv: list[str]) -> Options:
     ns = parser().parse_args(argv)
     if not ns.command:
         raise UsageError("no command to run; e.g. ringrun -np 2 python train.py")
+    if ns.np is None and _is_elastic(ns):
+        ns.np = ns.min_np  # horovodrun's: the ring starts once --min-np slots are there
     if ns.np is None:
-        raise UsageError("-np is missing; say how many ranks to run, e.g. -np 4")
+        raise UsageError(
+            "-np is missing; say how many ranks to run, e.g. -np 4 (elastic: --min-np 2)"
+        )
+    _check_modes(ns)
+    elastic = _elastic(ns)  # first: -np may be --min-np's, named so in its message
     if ns.np < 1:
         raise UsageError(f"-np {ns.np}: the number of ranks must be >= 1")
-    _check_modes(ns)
     hosts = host_slots(ns.hosts) if ns.hosts else _hostfile(ns.hostfile) if ns.hostfile else []
     total = sum(n for _, n in hosts)
     if hosts and ns.np > total:
@@ -241,4 +354,5 @@ def parse(argv: list[str]) -> Options:
         master=ns.master,
         ray=ns.ray,
         address=ns.address,
+        **elastic,
     )

@@ -20,6 +20,10 @@ def _run(opts: Options) -> int:
         from ._clusters import run_on_ray
 
         return run_on_ray(opts)
+    if opts.elastic:
+        from ._elastic import run_elastic
+
+        return run_elastic(opts)
     if opts.mpi:
         from ._clusters import run_mpi
 

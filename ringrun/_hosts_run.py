@@ -18,6 +18,7 @@ import shutil
 import signal
 import sys
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from ringcore import topology_from_hosts
@@ -35,7 +36,7 @@ from ._args import Options, UsageError, rank_hosts
 from ._ranks import Job, Rank
 from ._ssh import interface_address, is_local, remote_free_port, route_address, ssh_command
 
-__all__ = ["run_hosts"]
+__all__ = ["base_env", "check_command", "guarded", "run_hosts", "say", "start_rank"]
 
 _LOOPBACK = "127.0.0.1"
 # not sent to other hosts: they have their own (as horovodrun leaves them out)
@@ -56,12 +57,12 @@ def _stop(signum: int, frame: Any) -> None:
     raise Stopped(signum)
 
 
-def _say(opts: Options, text: str) -> None:
+def say(opts: Options, text: str) -> None:
     if opts.verbose:
         print(f"ringrun: {text}", file=sys.stderr, flush=True)
 
 
-def _check_command(command: tuple[str, ...]) -> None:
+def check_command(command: tuple[str, ...]) -> None:
     program = command[0]
     if os.sep in program:
         found = os.path.isfile(program) and os.access(program, os.X_OK)
@@ -82,6 +83,28 @@ def _forwarded(env: dict[str, str]) -> dict[str, str]:
     }
 
 
+def base_env(opts: Options) -> dict[str, str]:
+    """What every rank's environment gets beside its place: the knobs, the interfaces."""
+    env = {"PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1")}
+    env.update(opts.env)
+    env.update(nics_env(opts.nics or None))
+    return env
+
+
+def start_rank(opts: Options, label: int, host: str, local: bool, env: dict[str, str]) -> Rank:
+    """Start the command as rank (or worker) ``label`` on ``host``: here, or through ssh
+    with the command, working directory and environment on ssh's input."""
+    if local:
+        say(opts, f"rank {label}: {host} (this host)")
+        return Rank(label, host, opts.command, {**os.environ, **env})
+    remote_argv = [sys.executable, "-m", "ringrun._remote"]
+    argv = ssh_command(host, opts.ssh_port, opts.ssh_identity_file, remote_argv)
+    say(opts, f"rank {label}: {host} through {argv[0]}")
+    spec = {"cwd": os.getcwd(), "env": {**_forwarded(dict(os.environ)), **env},
+            "argv": list(opts.command)}  # fmt: skip
+    return Rank(label, host, argv, None, remote_spec=spec)
+
+
 class _Plan:
     """Where each rank runs and how the ranks find each other."""
 
@@ -91,7 +114,7 @@ class _Plan:
         self.local = {h: is_local(h) for h in unique}
         remote = [h for h in unique if not self.local[h]]
         if any(self.local.values()):
-            _check_command(opts.command)
+            check_command(opts.command)
         if not remote:
             self.store_addr = _LOOPBACK
         else:  # --network-interface's address when this host has it, else the route's
@@ -107,9 +130,7 @@ class _Plan:
 
     def rank_env(self, opts: Options, r: int, store_port: int, secret: str, run_id: str):
         topology = topology_from_hosts(self.hosts, r)
-        env = {"PYTHONUNBUFFERED": os.environ.get("PYTHONUNBUFFERED", "1")}
-        env.update(opts.env)
-        env.update(nics_env(opts.nics or None))
+        env = base_env(opts)
         env.update(
             worker_env(topology, self.store_addr, store_port, external_store=True, secret=secret)
         )
@@ -119,33 +140,33 @@ class _Plan:
 
 def _start(opts: Options, plan: _Plan, job: Job, store_port: int) -> None:
     secret, run_id = new_secret(), uuid.uuid4().hex
-    remote_argv = [sys.executable, "-m", "ringrun._remote"]
     for r, host in enumerate(plan.hosts):
         env = plan.rank_env(opts, r, store_port, secret, run_id)
-        if plan.local[host]:
-            _say(opts, f"rank {r}: {host} (this host)")
-            job.add(Rank(r, host, opts.command, {**os.environ, **env}))
-        else:
-            argv = ssh_command(host, opts.ssh_port, opts.ssh_identity_file, remote_argv)
-            _say(opts, f"rank {r}: {host} through {argv[0]}")
-            spec = {"cwd": os.getcwd(), "env": {**_forwarded(dict(os.environ)), **env},
-                    "argv": list(opts.command)}  # fmt: skip
-            job.add(Rank(r, host, argv, None, remote_spec=spec))
+        job.add(start_rank(opts, r, host, plan.local[host], env))
 
 
 def run_hosts(opts: Options) -> int:
     """Run the job; ringrun's exit status (the first failing rank's own)."""
     plan = _Plan(opts)  # every check before anything starts
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGHUP, _stop)
     job = Job()
-    try:
-        port = start_store_server("0.0.0.0", opts.np, opts.start_timeout)
-        _say(opts, f"the job's store: {plan.store_addr}:{port}; MASTER_ADDR "
+
+    def body(port: int) -> int:
+        say(opts, f"the job's store: {plan.store_addr}:{port}; MASTER_ADDR "
                    f"{plan.master_addr}:{plan.master_port}")  # fmt: skip
         _start(opts, plan, job, port)
         return job.wait()
+
+    return guarded(opts, job, body)
+
+
+def guarded(opts: Options, job: Job, body: Callable[[int], int]) -> int:
+    """Host the job's store and run ``body(store_port)``, ending every rank on Ctrl-C,
+    SIGTERM or SIGHUP (exit status 128 + N) and when a rank's process cannot start."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGHUP, _stop)
+    try:
+        return body(start_store_server("0.0.0.0", opts.np, opts.start_timeout))
     except KeyboardInterrupt:
         return _interrupted(job, signal.SIGINT)
     except Stopped as stop:

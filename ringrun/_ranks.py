@@ -107,6 +107,17 @@ class Job:
     def _wait_one(self, rank: Rank) -> None:
         self._exits.put((rank.rank, rank.proc.wait()))
 
+    def exited(self, timeout_s: float) -> list[tuple[int, int]]:
+        """``(rank, status)`` of every rank that exited since the last call (waiting up
+        to ``timeout_s`` for the first): for a launcher that watches the ranks itself."""
+        out: list[tuple[int, int]] = []
+        try:
+            out.append(self._exits.get(timeout=timeout_s))
+            while True:
+                out.append(self._exits.get_nowait())
+        except queue.Empty:
+            return out
+
     def wait(self) -> int:
         """0 when every rank exited 0; else the first failing rank's status, after the
         other ranks were ended (SIGTERM to their groups, SIGKILL after the grace)."""

@@ -10,15 +10,15 @@ network-namespace host with it; a site may wrap ssh).
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shlex
 import socket
-import struct
 import subprocess
 import sys
 
 from ringcore import RingError
+from ringcore.launch import interface_addresses
+from ringcore.launch import route_address as _route
 
 from ._args import UsageError
 
@@ -33,7 +33,6 @@ __all__ = [
 
 #: a program to run in ssh's place (same arguments)
 SSH_ENV_VAR = "RINGRUN_SSH"
-_SIOCGIFADDR = 0x8915
 
 
 def is_local(host: str) -> bool:
@@ -57,24 +56,21 @@ def is_local(host: str) -> bool:
 def route_address(host: str) -> str:
     """This machine's IPv4 address on the route to ``host`` (no packet is sent)."""
     try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((socket.gethostbyname(host), 9))
-            return str(s.getsockname()[0])
+        addr = _route(socket.gethostbyname(host), 9)
+        problem = "no route"
     except OSError as exc:
+        addr, problem = None, f"its name does not resolve: {exc}"
+    if addr is None:
         raise UsageError(
-            f"-H names {host!r}, but this host has no route to it ({exc}); check the name, "
-            "or pass --network-interface with the interface that reaches the other hosts"
-        ) from None
+            f"ringrun runs a worker on {host!r}, but this host has {problem}; check the "
+            "name, or pass --network-interface with the interface that reaches the other hosts"
+        )
+    return addr
 
 
 def interface_address(name: str) -> str | None:
     """The IPv4 address of this machine's interface ``name`` (None: it has none here)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            packed = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-        except OSError:
-            return None
-    return socket.inet_ntoa(packed[20:24])
+    return interface_addresses().get(name)
 
 
 def ssh_command(host: str, port: int | None, identity: str | None, remote: list[str]) -> list[str]:

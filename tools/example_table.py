@@ -15,6 +15,8 @@ from dataclasses import dataclass
 class Launch(enum.Enum):
     HOROVODRUN = "horovodrun"  # 2 ranks with horovodrun's variables
     TORCHRUN = "torchrun"  # torchrun --standalone --nproc-per-node 2
+    # elastic: ringrun --min-np 1 --max-np 2 --host-discovery-script <prints localhost:2>
+    RINGRUN = "ringrun"
     RAY = "ray"  # the example is the driver of a local Ray (num_cpus=2)
 
 
@@ -94,32 +96,32 @@ EXAMPLES: tuple[Example, ...] = (
     ),
     Example(
         "elastic/pytorch/pytorch_mnist_elastic.py",
-        Launch.TORCHRUN,
+        Launch.RINGRUN,
         ("--epochs", "1", "--test-batch-size", "64", "--data-dir", "{data}"),
         _MNIST_TORCH,
     ),
     Example(
         "elastic/pytorch/pytorch_synthetic_benchmark_elastic.py",
-        Launch.TORCHRUN,
+        Launch.RINGRUN,
         (*_TORCH_BENCH, "--num-iters", "2"),
         _RESNET,
     ),
     Example(
-        "elastic/pytorch/pytorch_imagenet_resnet50_elastic.py", Launch.TORCHRUN, _IMAGENET, _RESNET
+        "elastic/pytorch/pytorch_imagenet_resnet50_elastic.py", Launch.RINGRUN, _IMAGENET, _RESNET
     ),
     Example(
         "elastic/tensorflow/tensorflow_keras_mnist_elastic.py",
-        Launch.TORCHRUN,
+        Launch.RINGRUN,
         ("--epochs", "1", "--batches-per-epoch", "4"),
         _MNIST_KERAS,
     ),
     Example(
-        "elastic/tensorflow2/tensorflow2_keras_mnist_elastic.py", Launch.TORCHRUN, (), _MNIST_KERAS
+        "elastic/tensorflow2/tensorflow2_keras_mnist_elastic.py", Launch.RINGRUN, (), _MNIST_KERAS
     ),
-    Example("elastic/tensorflow2/tensorflow2_mnist_elastic.py", Launch.TORCHRUN, (), _MNIST_KERAS),
+    Example("elastic/tensorflow2/tensorflow2_mnist_elastic.py", Launch.RINGRUN, (), _MNIST_KERAS),
     Example(
         "elastic/tensorflow2/tensorflow2_synthetic_benchmark_elastic.py",
-        Launch.TORCHRUN,
+        Launch.RINGRUN,
         (*_TF_BENCH, "--num-warmup-batches", "1", *_TF_BENCH_STEPS),
     ),
     Example(

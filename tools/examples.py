@@ -9,8 +9,10 @@ to a temporary folder with the ``horovod`` shim of ``tools/horovod_shim.py`` and
 there, one at a time, each in a folder of its own (its working directory and ``HOME``):
 
 - ``horovodrun``: 2 ranks with the variables ``horovodrun -np 2 --gloo`` sets;
-- ``torchrun``: ``torchrun --standalone --nproc-per-node 2`` (the elastic examples, at a
-  fixed size until ringtrain has a command-line launcher of its own);
+- ``ringrun``: the elastic examples, through ringtrain's own launcher in elastic mode:
+  ``python -m ringrun --min-np 1 --max-np 2 --host-discovery-script S`` (``S`` prints
+  ``localhost:2``), its output lines prefixed ``[worker]<stdout>:``;
+- ``torchrun``: ``torchrun --standalone --nproc-per-node 2`` (none in the table now);
 - ``ray``: the example is the driver of a local Ray (``num_cpus=2``) this tool starts.
 
 No internet here: ``tools/example_standins`` is on the examples' ``PYTHONPATH`` (a
@@ -60,7 +62,8 @@ BEGIN, END = EXAMPLES_BEGIN, EXAMPLES_END
 NP = 2
 # The innermost exception line of a traceback (TensorFlow indents the one of user code).
 _EXCEPTION = re.compile(r"^\s*((?:[\w]+\.)*\w*(?:Error|Exception|Interrupt|Exit))(?::\s|$)")
-_RANK_PREFIX = re.compile(r"^\[rank\d+\]:")  # torch.distributed's prefix of a rank's traceback
+# torch.distributed's prefix of a rank's traceback, and ringrun's of a worker's lines
+_RANK_PREFIX = re.compile(r"^(?:\[\d+\]<std(?:out|err)>:)?(?:\[rank\d+\]:)?")
 _PEER_LOST = ("RingInternalError", "HorovodInternalError", "ChildFailedError")
 
 
@@ -178,7 +181,16 @@ def ray_head(env: dict[str, str], cpus: int = 2) -> Iterator[str]:
             proc.wait()
 
 
+_DISCOVER = f"#!/bin/sh\necho localhost:{NP}\n"
+
+
 def _commands(ex: Example, script: Path, args: list[str], run: Path) -> list[list[str]]:
+    if ex.launch is Launch.RINGRUN:
+        discover = run / "discover_hosts.sh"
+        discover.write_text(_DISCOVER)
+        discover.chmod(0o755)
+        elastic = ["--min-np", "1", "--max-np", str(NP), "--host-discovery-script", str(discover)]
+        return [[sys.executable, "-m", "ringrun", *elastic, sys.executable, str(script), *args]]
     if ex.launch is Launch.TORCHRUN:
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         logs = ["--redirects", "3", "--log-dir", str(run / "torchrun")]
@@ -304,10 +316,11 @@ _INTRO = [
     "`examples/elastic` and `examples/ray` of Horovod's source, run unchanged through the",
     "`horovod` shim (`python tools/examples.py --horovod-src <Horovod checkout or git dir>`;",
     "this section is written by it). Launches: *horovodrun* is 2 ranks with the variables",
-    "`horovodrun -np 2 --gloo` sets; *torchrun* is `torchrun --standalone --nproc-per-node 2`",
-    "(the elastic examples at a fixed size: their elastic launch needs a command-line",
-    "launcher ringtrain does not have yet); *ray* runs the example as the driver of a local",
-    "Ray with `num_cpus=2`. The shim adds to the suites' modules `horovod.ray` (ray_runner's",
+    "`horovodrun -np 2 --gloo` sets; *ringrun* (the elastic examples) is ringtrain's own",
+    "launcher in elastic mode, `python -m ringrun --min-np 1 --max-np 2",
+    "--host-discovery-script S` with `S` printing `localhost:2`; *ray* runs the example as",
+    "the driver of a local Ray with `num_cpus=2`. The shim adds to the suites' modules",
+    "`horovod.ray` (ray_runner's",
     "`RayExecutor`, `ElasticRayExecutor`, `ray_logger`), `horovod.torch.elastic.sampler` and",
     "`hvd.elastic` on `import horovod.torch` (as Horovod's package does; `import",
     "ringcore.torch` alone does not import `ringcore.torch.elastic`). No internet: the MNIST",

@@ -15,7 +15,8 @@ The contract:
 - the key-value store server a launcher may host (:func:`start_store_server`,
   :func:`stop_store_server`, and :func:`hosted_store`: this process's own store);
 - rank order and interfaces across hosts (:func:`host_major_order`,
-  :func:`nic_names`, :func:`nics_env`);
+  :func:`nic_names`, :func:`nics_env`; :func:`route_address`, this host's address on
+  the route to another, and :func:`interface_addresses`, each interface's);
 - the data-plane backend a running job uses (:func:`backend_name`; :func:`data_plane`
   says which path, shared memory or network, carried its ops), and how a
   launcher bounds the silence of a peer on its own sockets (:func:`bound_silence`);
@@ -70,17 +71,23 @@ from __future__ import annotations
 
 from .._auth import answer, job_secret, mac, new_secret, verify
 from .._config import (
+    AUTOTUNE_ENV_VAR,
+    AUTOTUNE_LOG_ENV_VAR,
+    CACHE_CAPACITY_ENV_VAR,
     CROSS_RANK_ENV_VAR,
     CROSS_SIZE_ENV_VAR,
+    CYCLE_TIME_ENV_VAR,
     DEFAULT_ELASTIC_TIMEOUT_S,
     DEFAULT_START_TIMEOUT_S,
     ELASTIC_ENV_VAR,
     ELASTIC_LATE_ENV_VAR,
     ELASTIC_TIMEOUT_ENV_VAR,
+    FUSION_THRESHOLD_ENV_VAR,
     HOSTNAME_ENV_VAR,
     IFACE_ENV_VAR,
     LOCAL_RANK_ENV_VAR,
     LOCAL_SIZE_ENV_VAR,
+    LOG_LEVEL_ENV_VAR,
     RANK_ENV_VAR,
     RESET_LIMIT_ENV_VAR,
     SECRET_KEY_ENV_VAR,
@@ -90,6 +97,8 @@ from .._config import (
     STORE_EXTERNAL_ENV_VAR,
     STORE_PORT_ENV_VAR,
     STORE_PREFIX_ENV_VAR,
+    TIMELINE_ENV_VAR,
+    TIMELINE_MARK_CYCLES_ENV_VAR,
     WORKER_ID_ENV_VAR,
     get_bool,
     get_env,
@@ -109,7 +118,13 @@ from ..elastic.policy import ElasticPolicy, Workers
 from ..elastic.worker import forget_job
 from ..engine.wire import bound_silence
 from ..rendezvous.environment import TORCHRUN_VARS, free_port, torchrun_env, worker_env
-from ..rendezvous.iface import NICS_ENV_VARS, nic_names, nics_env
+from ..rendezvous.iface import (
+    NICS_ENV_VARS,
+    interface_addresses,
+    nic_names,
+    nics_env,
+    route_address,
+)
 from ..rendezvous.store_server import hosted_store, start_store_server, stop_store_server
 from ..rendezvous.topology import host_major_order
 from ..runtime.state import backend_name, data_plane
@@ -128,17 +143,23 @@ from ._worker_errors import (
 )
 
 __all__ = [
+    "AUTOTUNE_ENV_VAR",
+    "AUTOTUNE_LOG_ENV_VAR",
+    "CACHE_CAPACITY_ENV_VAR",
     "CROSS_RANK_ENV_VAR",
     "CROSS_SIZE_ENV_VAR",
+    "CYCLE_TIME_ENV_VAR",
     "DEFAULT_ELASTIC_TIMEOUT_S",
     "DEFAULT_START_TIMEOUT_S",
     "ELASTIC_ENV_VAR",
     "ELASTIC_LATE_ENV_VAR",
     "ELASTIC_TIMEOUT_ENV_VAR",
+    "FUSION_THRESHOLD_ENV_VAR",
     "HOSTNAME_ENV_VAR",
     "IFACE_ENV_VAR",
     "LOCAL_RANK_ENV_VAR",
     "LOCAL_SIZE_ENV_VAR",
+    "LOG_LEVEL_ENV_VAR",
     "MAX_HANDSHAKES",
     "MAX_LINE_BYTES",
     "NICS_ENV_VARS",
@@ -151,6 +172,8 @@ __all__ = [
     "STORE_EXTERNAL_ENV_VAR",
     "STORE_PORT_ENV_VAR",
     "STORE_PREFIX_ENV_VAR",
+    "TIMELINE_ENV_VAR",
+    "TIMELINE_MARK_CYCLES_ENV_VAR",
     "TORCHRUN_VARS",
     "WORKER_ID_ENV_VAR",
     "Backend",
@@ -185,6 +208,7 @@ __all__ = [
     "host_major_order",
     "hosted_store",
     "install_init_guard",
+    "interface_addresses",
     "job_secret",
     "late_worker_env",
     "mac",
@@ -195,6 +219,7 @@ __all__ = [
     "register_backend",
     "release_user_group",
     "report_progress",
+    "route_address",
     "run_command",
     "script_command",
     "signed_blob",

@@ -147,6 +147,18 @@ PUBLIC = {
         "stop_store_server",
         "verify",
         "worker_env",
+        # the tuning knobs' variables a launcher's flags set (ringrun's)
+        "AUTOTUNE_ENV_VAR",
+        "AUTOTUNE_LOG_ENV_VAR",
+        "CACHE_CAPACITY_ENV_VAR",
+        "CYCLE_TIME_ENV_VAR",
+        "FUSION_THRESHOLD_ENV_VAR",
+        "LOG_LEVEL_ENV_VAR",
+        "TIMELINE_ENV_VAR",
+        "TIMELINE_MARK_CYCLES_ENV_VAR",
+        # this host's addresses: on the route to another host, of each interface
+        "interface_addresses",
+        "route_address",
         # the launcher kit: the elastic loop, the worker-error codec, log forwarding
         "ElasticJob",
         "ElasticNames",

@@ -204,7 +204,7 @@ BAD = [
     (["-np", "5", "-H", "a:2,b:2"], "-np 5 but the hosts (a:2,b:2) have 4 slots"),
     (["-np", "0"], "-np 0: the number of ranks must be >= 1"),
     (["-np", "2", "--spark", "-H", "a:2"], "the cluster places the ranks"),
-    (["-np", "2", "--min-np", "1"], "elastic jobs are not yet supported"),
+    (["-np", "2", "--min-np", "1", "--mpi"], "drop --mpi"),
     (["-np", "2", "--master", "local[2]"], "add --spark"),
     (["-np", "2", "--hostfile", "/nonexistent/hosts"], "'/nonexistent/hosts' does not exist"),
 ]
