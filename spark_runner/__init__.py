@@ -16,10 +16,16 @@ SparkContext) fails before any job when the cluster cannot hold ``num_proc`` bar
 ``default_num_proc(spark)`` is the ``num_proc`` that ``run`` uses when none is given.
 ``progress(step=..., total=..., loss=...)`` inside ``fn`` drives the driver's progress bar
 (rank 0's reports, over the output connection).
+
+Any ``torch.distributed`` program runs unchanged: every task has torchrun's ``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``, ...; ``run("train.py", args=[...])``
+runs a Python file on every task as torchrun would; ``TorchDistributor`` is PySpark's
+``TorchDistributor`` (same constructor and ``run``) launched this way.
 """
 
 from ringcore.launch import report_progress as progress
 
+from ._distributor import TorchDistributor
 from ._elastic import run_elastic
 from ._platform import DEFAULT_START_TIMEOUT_S
 from ._run import START_TIMEOUT_ENV_VAR, TOPOLOGY_HOSTS_ENV_VAR, run
@@ -34,6 +40,7 @@ __all__ = [
     "START_TIMEOUT_ENV_VAR",
     "TOPOLOGY_HOSTS_ENV_VAR",
     "NotEnoughSlotsError",
+    "TorchDistributor",
     "default_num_proc",
     "is_connect",
     "local_session",

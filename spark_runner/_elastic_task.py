@@ -78,13 +78,15 @@ def _worker_environment(ctx: Any, spec: ElasticTaskSpec, worker_id: str):
     try:
         os.environ.update(_elastic_env(spec, worker_id, conn.local_address, ctx))
         sys.stdout, sys.stderr = out, err
+        launch.install_init_guard()  # one process group per generation, whoever forms it
         yield conn
     finally:
         out.close()
         err.close()
         sys.stdout, sys.stderr = saved_out, saved_err
         ringcore.shutdown()
-        launch.forget_job()  # Spark reuses Python workers: leave nothing behind
+        launch.release_user_group()  # Spark reuses Python workers: leave nothing behind
+        launch.forget_job()
         conn.close()
         os.environ.clear()
         os.environ.update(saved_env)

@@ -32,7 +32,8 @@ from . import _connect
 from ._errors import executor_import_error, executors_python
 from ._platform import defaults
 from ._resources import ResourceSource, StagePlan, stage_resources
-from ._session import connect_session, is_connect
+from ._script import as_program
+from ._session import application_id, connect_session, is_connect
 from ._slots import default_num_proc, retries_configured, wait_for_slots
 from ._task import TaskSpec, make_barrier_task
 
@@ -226,9 +227,18 @@ def run(
     return every rank's return value ordered by rank.
 
     Inside ``fn``, ``ringcore.init()`` (or ``hvd.init()``) joins the ring with no other
-    setting. A worker's exception is raised here as :class:`ringcore.WorkerError`
-    carrying its rank, host and traceback (Spark's own log lines for the failed task
-    show only its summary). What the workers print reaches ``stdout`` /
+    setting, and a ``torch.distributed`` program runs as under torchrun: every task has
+    torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ... and ``MASTER_ADDR`` /
+    ``MASTER_PORT`` (a free port on rank 0's host), so ``init_process_group()`` (env://),
+    Lightning and the Hugging Face Trainer form the job's group (one per job, whoever
+    forms it first). ``fn`` may instead be the path of a Python file, with ``args`` its
+    command line (strings): each task runs it as ``python PATH ARGS`` would, in a process
+    of its own; each rank's result is then None and a non-zero exit raises
+    ``WorkerError`` with its ``exit_code`` (``spark_runner._script``: which copy runs).
+
+    A worker's exception is raised here as :class:`ringcore.WorkerError` carrying its
+    rank, host and traceback (Spark's own log lines for the failed task show only its
+    summary). What the workers print reaches ``stdout`` /
     ``stderr`` (default: this process's) live, each line prefixed ``[rank]<stdout>:``
     (after a timestamp with ``prefix_output_with_timestamp``); all of it is written
     before the end line. ``verbose``: 0 quiet, 1 a line at launch and end, 2 more
@@ -273,6 +283,7 @@ def run(
     ``extra_mpi_args`` raise (MPI under Spark is not supported); ``executable`` other than
     this interpreter raises (set ``spark.pyspark.python``).
     """
+    fn, args, kwargs = as_program(fn, args, kwargs)  # a script: checked before any job
     _check_options(fn, env, verbose, use_gpu, progress)
     show = verbose >= 1 and progress_enabled(progress)
     env = horovod_options_env(env, use_gloo, use_mpi, extra_mpi_args, nics, executable)
@@ -303,6 +314,7 @@ def run(
         timestamps=bool(prefix_output_with_timestamp),
         use_gpu=use_gpu,
         topology_hosts=topology_hosts,
+        run_id=application_id(spark),
     )
     started = time.monotonic()
     try:

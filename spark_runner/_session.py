@@ -24,6 +24,17 @@ def is_connect(spark: Any) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
+def application_id(spark: Any) -> str:
+    """The Spark application's id (``spark.app.id``; ``"spark"`` where it cannot be read):
+    the first part of the ``TORCHELASTIC_RUN_ID`` of ``run``'s tasks."""
+    try:
+        if is_connect(spark):
+            return str(spark.conf.get("spark.app.id", "spark") or "spark")
+        return str(spark.sparkContext.applicationId)
+    except Exception:  # a Connect server that hides its conf: the stage id still tells jobs apart
+        return "spark"
+
+
 def connect_session() -> Any:
     """The active (else default) Spark Connect session of this process, or None."""
     try:

@@ -37,10 +37,14 @@ from ringcore.launch import (
     HOSTNAME_ENV_VAR,
     LogConnection,
     connect_log,
+    free_port,
     host_major_order,
+    install_init_guard,
+    release_user_group,
     stop_store_server,
     stream_pair,
     task_failure_text,
+    torchrun_env,
 )
 
 ATTEMPT_ENV_VAR = "RING_SPARK_ATTEMPT"
@@ -69,6 +73,7 @@ class TaskSpec:
     # Spark reruns the stage on a failure (a cluster manager's retries): a task finishes
     # only once every task has, so none of them succeeds beside a failed peer.
     all_or_none: bool = False
+    run_id: str = ""  # TORCHELASTIC_RUN_ID: this (the application id) and the stage id
 
 
 def gpu_env(ctx: Any, use_gpu: bool | None, local_rank: int) -> dict[str, str]:
@@ -121,13 +126,16 @@ def _ring_env(
     placed = list(spec.topology_hosts or hosts)
     order = host_major_order(placed)  # order[rank] = the slot (partition) of that rank
     port = start_store_server(world_size=spec.num_proc) if rank == 0 else 0
+    master_port = free_port() if rank == 0 else 0  # the user's own group's (torchrun's)
     mine = [port, conn.stage_attempt if conn is not None else None, ctx.taskAttemptId()]
-    gathered = [json.loads(g) for g in ctx.allGather(json.dumps(mine))]
+    gathered = [json.loads(g) for g in ctx.allGather(json.dumps([*mine, master_port]))]
     ports = [int(g[0]) for g in gathered]
     attempt = agreed_attempt([g[1] for g in gathered], [g[2] for g in gathered], spec.all_or_none)
     topology = topology_from_hosts([placed[s] for s in order], rank)
     store = order[0]
     env = worker_env(topology, hosts[store], ports[store], secret=spec.ring_secret or None)
+    run_id = f"{spec.run_id or 'spark'}-stage-{ctx.stageId()}"
+    env.update(torchrun_env(topology, hosts[store], int(gathered[store][3]), run_id))
     env[HOSTNAME_ENV_VAR] = hosts[
         order[rank]
     ]  # the address peers reach, whatever the topology says
@@ -147,6 +155,7 @@ def _task_environment(ctx: Any, spec: TaskSpec, rank: int, hosts: list[str]):
     try:
         os.environ.update(_ring_env(ctx, spec, rank, hosts, conn))
         sys.stdout, sys.stderr = out, err
+        install_init_guard()  # the user's init_process_group forms or joins the job's group
         yield conn
     finally:
         out.close()
@@ -155,7 +164,8 @@ def _task_environment(ctx: Any, spec: TaskSpec, rank: int, hosts: list[str]):
         if conn is not None:
             conn.close()
         ringcore.shutdown()
-        stop_store_server()  # Spark reuses Python workers: leave nothing behind
+        release_user_group()  # Spark reuses Python workers: leave nothing behind
+        stop_store_server()
         os.environ.clear()
         os.environ.update(saved_env)
 

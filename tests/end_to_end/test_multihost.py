@@ -234,6 +234,9 @@ def test_a_wrong_interface_fails_on_every_rank_naming_the_store(cluster):
     assert any("127.0.0.1" in err for _, _, err in runs)  # the address Gloo advertised
 
 
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def _ring_with_placement():
     import socket
 
@@ -242,6 +245,10 @@ def _ring_with_placement():
 
     import ringcore.torch as hvd
 
+    sys.path.insert(0, _TESTS)  # the hosts share this file system
+    import _torch_programs
+
+    ddp = _torch_programs.ddp()  # a torchrun program first: its own group, then ours
     hvd.init()
     total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
     return {
@@ -254,6 +261,7 @@ def _ring_with_placement():
         "partition": BarrierTaskContext.get().partitionId(),
         "hostname": socket.gethostname(),
         "gloo_iface": os.environ.get("GLOO_SOCKET_IFNAME"),
+        "ddp": ddp,
     }
 
 
@@ -434,6 +442,8 @@ def test_spark_run_across_two_hosts_numbers_ranks_host_by_host(cluster, spark_on
         assert r["cross_rank"] == r["rank"] // r["local_size"]
         assert r["local_rank"] == r["rank"] % r["local_size"]
         assert r["gloo_iface"] == "eth0"
+        assert (r["ddp"]["rank"], r["ddp"]["world_size"]) == (r["rank"], 4)
+    assert len({r["ddp"]["digest"] for r in results}) == 1  # DDP across the hosts, in step
     assert time.monotonic() - started < 90
 
 

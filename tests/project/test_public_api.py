@@ -374,6 +374,7 @@ PUBLIC = {
         "NotEnoughSlotsError",
         "START_TIMEOUT_ENV_VAR",
         "TOPOLOGY_HOSTS_ENV_VAR",
+        "TorchDistributor",
         "default_num_proc",
         "is_connect",
         "local_session",

@@ -1,0 +1,111 @@
+"""torch.distributed programs, written as for torchrun, run unchanged on spark_runner:
+``spark_runner.run`` of a function and of a Python file, and ``TorchDistributor`` (PySpark's
+interface) on the shared local[2] session and on the driver (``local_mode=True``).
+
+Each launch runs one program of tests/_torch_programs.py (each program is covered; several
+in one process re-form a group on the same MASTER_PORT, where torch may read the last
+group's keys); every rank must report world size 2 and the digest of the other rank."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import _spark
+import _torch_programs  # beside _spark.py, as the file form imports it
+import pytest
+
+import spark_runner
+from ringcore import WorkerError
+
+SHARED_SPARK = True  # on the suite's shared local[2] session (tests/_spark.py)
+pytestmark = pytest.mark.spark
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAIN = os.path.join(TESTS, "_torch_programs_main.py")
+
+
+@pytest.fixture(scope="module")
+def spark():
+    return _spark.shared_session()  # never stopped here: see tests/_spark.py
+
+
+def _one_run(per_rank: list[dict], name: str) -> None:
+    """Every rank ran ``name`` in one group of 2 and ended with the same parameters."""
+    results = [r[name] for r in per_rank]
+    assert [(r["rank"], r["world_size"]) for r in results] == [(0, 2), (1, 2)]
+    assert results[0]["digest"] == results[1]["digest"]
+
+
+def _files(out: str) -> list[dict]:
+    with open(os.path.join(out, "rank0.json")) as f0, open(os.path.join(out, "rank1.json")) as f1:
+        return [json.load(f0), json.load(f1)]
+
+
+def test_spark_runner_run_runs_a_torchrun_function_unchanged(spark):
+    per_rank = spark_runner.run(_torch_programs.run_all, args=(["lightning_ddp"],), num_proc=2)
+    _one_run(per_rank, "lightning_ddp")
+
+
+def test_spark_runner_run_runs_a_python_file_with_its_arguments(spark, tmp_path):
+    assert spark_runner.run(MAIN, args=[str(tmp_path), "ddp"], num_proc=2) == [None, None]
+    _one_run(_files(str(tmp_path)), "ddp")
+
+
+def test_torch_distributor_on_spark_returns_rank_0s_result(spark):
+    distributor = spark_runner.TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    result = distributor.run(_torch_programs.run_all, ["hf_trainer"])
+    assert result["hf_trainer"]["rank"] == 0 and result["hf_trainer"]["world_size"] == 2
+
+
+def test_torch_distributor_on_spark_runs_a_python_file(spark, tmp_path):
+    distributor = spark_runner.TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    assert distributor.run(MAIN, str(tmp_path), "fsdp2") is None
+    _one_run(_files(str(tmp_path)), "fsdp2")
+
+
+def test_torch_distributor_local_mode_runs_on_the_driver_without_a_spark_job(spark, tmp_path):
+    sc = spark.sparkContext
+    jobs = len(sc.statusTracker().getJobIdsForGroup(None))
+    distributor = spark_runner.TorchDistributor(num_processes=2, local_mode=True, use_gpu=False)
+    assert distributor.run(_torch_programs.run_all, ["ddp"])["ddp"]["world_size"] == 2
+    assert distributor.run(MAIN, str(tmp_path), "lightning_ddp") is None
+    _one_run(_files(str(tmp_path)), "lightning_ddp")
+    assert len(sc.statusTracker().getJobIdsForGroup(None)) == jobs
+
+
+def _exits(code):
+    raise SystemExit(code)
+
+
+def test_a_failed_rank_reports_its_exit_code(spark, tmp_path):
+    script = tmp_path / "fails.py"
+    script.write_text("import os, sys\nsys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
+    with pytest.raises(WorkerError) as spark_err:
+        spark_runner.run(str(script), num_proc=2, verbose=0)
+    assert (spark_err.value.rank, spark_err.value.exit_code) == (1, 3)
+    local = spark_runner.TorchDistributor(num_processes=2, local_mode=True, use_gpu=False)
+    with pytest.raises(WorkerError) as local_err:
+        local.run(str(script))
+    assert (local_err.value.rank, local_err.value.exit_code) == (1, 3)
+
+
+def test_bad_programs_and_arguments_fail_before_any_job(spark, tmp_path):
+    sc = spark.sparkContext
+    jobs = len(sc.statusTracker().getJobIdsForGroup(None))
+    not_python = tmp_path / "train.sh"
+    not_python.write_text("echo hi\n")
+    with pytest.raises(FileNotFoundError, match=r"missing\.py.* does not exist"):
+        spark_runner.run(str(tmp_path / "missing.py"), num_proc=2)
+    with pytest.raises(ValueError, match=r"train\.sh.* is not a Python file"):
+        spark_runner.run(str(not_python), num_proc=2)
+    with pytest.raises(TypeError, match=r"argument 1 .* is 0\.1 \(float\).*str\(0\.1\)"):
+        spark_runner.run(MAIN, args=["--lr", 0.1], num_proc=2)
+    with pytest.raises(ValueError, match=r"num_processes has to be a positive integer, got 0"):
+        spark_runner.TorchDistributor(num_processes=0, use_gpu=False)
+    distributor = spark_runner.TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    with pytest.raises(TypeError, match=r"argument 0 .* is 3 \(int\)"):
+        distributor.run(MAIN, 3)
+    with pytest.raises(ValueError, match=r"keyword arguments are for a function"):
+        distributor.run(MAIN, lr="0.1")
+    assert len(sc.statusTracker().getJobIdsForGroup(None)) == jobs
