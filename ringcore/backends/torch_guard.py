@@ -10,22 +10,33 @@ ringcore's group, after checking that it asks for nothing the group is not.
 
 The guard also checks a program's explicit ``rank=`` / ``world_size=`` against the
 launcher's (``RING_RANK`` / ``RING_SIZE``): a disagreement would otherwise wait at the
-rendezvous until its timeout. Installing it does not import torch: until the program
-imports ``torch.distributed``, an import hook waits for it (:func:`install`).
+rendezvous until its timeout. Under a launcher it forms the program's own env:// group
+as ringcore forms its ring: Gloo on the interface on the route to the job's store (Gloo
+alone binds to what the hostname resolves to, loopback in many containers), and each
+``init_process_group`` of the process at a fresh prefix of one store on
+``MASTER_ADDR:MASTER_PORT`` — torch's own env:// rendezvous reuses its group names
+after ``destroy_process_group()`` and, with the store still listening, the next group
+read the last one's addresses and hung (pytorch#55967, #114585; a Spark Python worker or
+a script that runs several programs forms more than one group). Installing it does not
+import torch: until the program imports ``torch.distributed``, an import hook waits for
+it (:func:`install`).
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
 import importlib.abc
 import importlib.machinery
 import inspect
 import logging
+import os
 import sys
 from typing import Any
 
 from .. import _config as cfg
 from .._errors import RendezvousError
+from ..rendezvous import iface
 
 log = logging.getLogger("ringtrain.ringcore")
 
@@ -89,6 +100,57 @@ def _check_backend(dist: Any, backend: Any) -> None:
         )
 
 
+#: the store of each ``MASTER_ADDR:MASTER_PORT`` this process met at, and how many groups
+#: it formed there (each at its own prefix)
+_env_stores: dict[tuple[str, int], Any] = {}
+_env_groups = 0
+
+
+def _launched_env_rendezvous(bound: dict[str, Any]) -> bool:
+    """Whether this call is an env:// rendezvous of a job a ringtrain launcher started."""
+    init_method = bound.get("init_method")
+    return (
+        bound.get("store") is None
+        and init_method in (None, "env://")
+        and cfg.get_env(cfg.RANK_ENV_VAR) is not None
+        and all(os.environ.get(v) for v in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"))
+    )
+
+
+def _choose_interface() -> None:
+    """Gloo on the interface on the route to the job's store (``iface.apply``, as for
+    ringcore's own ring), unless the program or the launcher named one."""
+    addr, port = cfg.get_env(cfg.STORE_ADDR_ENV_VAR), cfg.get_env(cfg.STORE_PORT_ENV_VAR)
+    if not addr or not port or os.environ.get("GLOO_SOCKET_IFNAME"):
+        return
+    size = int(cfg.get_env(cfg.SIZE_ENV_VAR, "1") or 1)
+    local_size = int(cfg.get_env(cfg.LOCAL_SIZE_ENV_VAR, str(size)) or size)
+    iface.apply(addr, int(port), local_size < size and not iface.is_loopback(addr))
+
+
+def _fresh_rendezvous(dist: Any, bound: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments with a store of its own: the next prefix of this process's
+    store on ``MASTER_ADDR:MASTER_PORT`` (rank 0 hosts it, for the process's life)."""
+    global _env_groups
+    rank = int(bound.get("rank", -1))
+    size = int(bound.get("world_size", -1))
+    rank = rank if rank >= 0 else int(os.environ["RANK"])
+    size = size if size >= 0 else int(os.environ["WORLD_SIZE"])
+    timeout = bound.get("timeout") or datetime.timedelta(
+        seconds=cfg.get_float(cfg.START_TIMEOUT_ENV_VAR, cfg.DEFAULT_START_TIMEOUT_S)
+    )
+    key = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    store = _env_stores.get(key)
+    if store is None:
+        store = dist.TCPStore(
+            key[0], key[1], size, rank == 0, timeout=timeout, wait_for_workers=False
+        )
+        _env_stores[key] = store
+    _env_groups += 1
+    prefixed = dist.PrefixStore(f"ringtrain/group/{_env_groups}", store)
+    return {**bound, "init_method": None, "store": prefixed, "rank": rank, "world_size": size}
+
+
 def _guarded(original: Any) -> Any:
     signature = inspect.signature(original)
 
@@ -105,7 +167,10 @@ def _guarded(original: Any) -> Any:
             _check_backend(dist, bound.get("backend"))
             log.debug("init_process_group(): the job's group is already formed; using it")
             return None
-        return original(*args, **kwargs)
+        if not _launched_env_rendezvous(bound) or dist.is_initialized():
+            return original(*args, **kwargs)  # torch's own way (and its own errors)
+        _choose_interface()
+        return original(**_fresh_rendezvous(dist, bound))
 
     init_process_group._ringcore_guard = True  # type: ignore[attr-defined]
     return init_process_group
@@ -164,9 +229,12 @@ def release_user_group() -> None:
     Hugging Face Trainer never destroy theirs): a process that runs the next job (a
     Spark Python worker, a Ray actor) must start it with none."""
     dist = sys.modules.get("torch.distributed")
-    if dist is None or _formed_by_ringcore or not dist.is_available() or not dist.is_initialized():
-        return
     try:
-        dist.destroy_process_group()
+        if dist is None or _formed_by_ringcore or not dist.is_available():
+            return
+        if dist.is_initialized():
+            dist.destroy_process_group()
     except Exception as exc:  # a dead peer must not fail the worker's own result
         log.debug("destroy_process_group of the user's group failed: %s", exc)
+    finally:
+        _env_stores.clear()  # the next job meets at its own MASTER_PORT

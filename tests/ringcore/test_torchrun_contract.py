@@ -24,6 +24,16 @@ def _programs_in_sequence() -> dict:
     seen = {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GROUP_RANK")}
     port = int(os.environ["MASTER_PORT"])
     assert port != int(os.environ["RING_STORE_PORT"])  # never ringcore's store port
+    # 0. three programs' groups one after another, each store kept alive (as FSDP2's and
+    # Lightning's objects keep theirs): torch's env:// alone reuses the group's keys
+    kept, cycles = [], []
+    for i in range(3):
+        dist.init_process_group("gloo")
+        kept.append(dist.distributed_c10d._get_default_store())
+        c = torch.tensor([float(i + dist.get_rank())])
+        dist.all_reduce(c)
+        cycles.append(float(c))
+        dist.destroy_process_group()
     # 1. the user's program first (env://), then hvd.init() in the same process
     dist.init_process_group("gloo")
     hvd.init()
@@ -43,16 +53,24 @@ def _programs_in_sequence() -> dict:
     except RendezvousError as exc:
         mismatch = str(exc)
     hvd.shutdown()
-    return {"seen": seen, "port": port, "adopted": adopted, "shared": shared, "mismatch": mismatch}
+    return {
+        "seen": seen,
+        "port": port,
+        "cycles": cycles,
+        "adopted": adopted,
+        "shared": shared,
+        "mismatch": mismatch,
+    }
 
 
 def test_a_torch_distributed_program_and_hvd_share_the_launchers_group_either_way():
-    results = run_workers(_programs_in_sequence, np=2, hosts=["a", "a"])
+    results = run_workers(_programs_in_sequence, np=2, hosts=["a", "a"], timeout=60)
     assert [r["seen"]["RANK"] for r in results] == ["0", "1"]
     assert {r["seen"]["WORLD_SIZE"] for r in results} == {"2"}
     assert [r["seen"]["LOCAL_RANK"] for r in results] == ["0", "1"]
     assert {r["seen"]["GROUP_RANK"] for r in results} == {"0"}
     assert len({r["port"] for r in results}) == 1  # the user's port, the same on every rank
+    assert [r["cycles"] for r in results] == [[1.0, 3.0, 5.0]] * 2
     assert [r["adopted"] for r in results] == [3.0, 3.0]
     assert [r["shared"] for r in results] == [3.0, 3.0]
     for r in results:
