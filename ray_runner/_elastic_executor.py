@@ -48,6 +48,7 @@ from ._cluster import check_cluster_gpus, require_ray
 from ._config import ScalingConfig
 from ._elastic_group import ElasticGroup, _Member
 from ._log_callbacks import check_callbacks
+from ._script import Script
 from ._session import SessionSetup
 from ._settings import RaySettings, create_elastic_settings
 
@@ -241,9 +242,20 @@ class ElasticRayExecutor:
         return self.run_fn(worker_fn, (), {}, callbacks)
 
     def run_fn(
-        self, fn: Callable, args: tuple, kwargs: dict, callbacks: list[Callable] | None
+        self,
+        fn: Callable | str | os.PathLike,
+        args: tuple,
+        kwargs: dict,
+        callbacks: list[Callable] | None,
     ) -> list:
         """``fn(*args, **kwargs)`` as :meth:`run` (``RayExecutor``'s elastic mode calls this)."""
+        if isinstance(fn, str | os.PathLike | Script):
+            raise NotImplementedError(
+                "an elastic job runs functions, not scripts: a script's own process cannot "
+                "re-form with the ring's generations. Run the script on a fixed group "
+                "(RayExecutor(num_workers=N).run(path, args=[...])), or call its main() "
+                "from a function that uses ringcore.torch.elastic"
+            )
         if not callable(fn):
             raise TypeError(f"run takes a callable, got {type(fn).__name__}")
         hooks = check_callbacks(callbacks)

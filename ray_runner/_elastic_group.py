@@ -20,6 +20,11 @@ one at a time).
   and publishes a generation that adds it; the running ranks hear of it at their next
   ``state.commit()`` and the new rank gets the state from rank 0.
 
+Every member of the first ring also gets torchrun's variables (``RANK``, ``WORLD_SIZE``,
+..., ``MASTER_ADDR`` = the first member's node, ``MASTER_PORT`` = a port that member's
+actor found free there); ringcore sets them again for every later generation, so a
+``torch.distributed`` program sees the ranks of the ring it runs in.
+
 The driver must be reachable from the workers (not a Ray Client driver).
 """
 
@@ -28,6 +33,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +51,7 @@ from ringcore.launch import (
     get_float,
     late_worker_env,
     new_secret,
+    torchrun_env,
 )
 
 from . import _constants as const
@@ -88,6 +95,8 @@ class ElasticGroup:
         self._store_addr = ""
         # one per job: authenticates the engine's control connections of every generation
         self._secret = new_secret()
+        self._run_id = uuid.uuid4().hex  # torchrun's TORCHELASTIC_RUN_ID, for every generation
+        self._master: tuple[str, int] = ("", 0)  # MASTER_ADDR/PORT of the first ring
 
     # -- the attempt ---------------------------------------------------------------
 
@@ -103,6 +112,7 @@ class ElasticGroup:
         try:
             self._open_store()
             self._start_initial()
+            self._master = self._pick_master()
             job = ElasticJob(
                 self._store,
                 self._alive,
@@ -275,6 +285,15 @@ class ElasticGroup:
         up.sort(key=lambda item: (item[1].node_id != here, order[item[1].node_id], int(item[0])))
         self.members = dict(up)
 
+    def _pick_master(self) -> tuple[str, int]:
+        """``MASTER_ADDR``/``MASTER_PORT`` of the first ring: rank 0's node, and a port
+        its actor found free there."""
+        rank0 = next(iter(self.members.values()))
+        kind, value = ray.get(rank0.actor.master_port.remote())
+        if kind == "error":
+            raise value
+        return rank0.host, int(value)
+
     def _env(self, wid: str, member: _Member, rank: int) -> dict[str, str]:
         topology = topology_from_hosts([m.node_id for m in self.members.values()], rank)
         env = worker_env(
@@ -284,6 +303,7 @@ class ElasticGroup:
             external_store=True,
             secret=self._secret,
         )
+        env.update(torchrun_env(topology, *self._master, self._run_id))
         env[HOSTNAME_ENV_VAR] = member.host
         env[ELASTIC_ENV_VAR] = "1"
         env[WORKER_ID_ENV_VAR] = wid
@@ -291,9 +311,11 @@ class ElasticGroup:
 
     def _late_env(self, wid: str, host: str) -> dict[str, str]:
         """A worker added to the running ring: ``init()`` waits for the generation listing it."""
-        return late_worker_env(
+        env = late_worker_env(
             self._store_addr, int(self._store.port), wid, secret=self._secret, host=host
         )
+        env["TORCHELASTIC_RUN_ID"] = self._run_id  # ringcore sets the rest when it joins
+        return env
 
     def _launch(
         self,

@@ -6,15 +6,21 @@ Worker actors share the driver's Python environment; no ``runtime_env`` is neede
 
 Ranks follow the actors' node IPs: ranks on one node are contiguous, so local ranks
 and cross ranks come out as Horovod defines them (:func:`ringcore.topology_from_hosts`).
-Rank 0's actor hosts the job's store; every actor gets :func:`ringcore.worker_env`
-in its ``os.environ`` before any function runs, so ``ringcore.init()`` needs nothing
-else. When every rank is on one node the ring talks over 127.0.0.1; a single rank
-needs no TCP store at all.
+Rank 0's actor hosts the job's store and picks a free port on its node for the user's
+own process group; every actor gets :func:`ringcore.worker_env` and torchrun's variables
+(:func:`ringcore.launch.torchrun_env`: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ...,
+``MASTER_ADDR``/``MASTER_PORT``) in its ``os.environ`` before any function runs, so
+``ringcore.init()`` needs nothing else and a ``torch.distributed`` program's
+``init_process_group()`` (env://) forms the job's group unchanged. When every rank is on
+one node the ring talks over 127.0.0.1; a single rank needs no TCP store at all.
+``run`` also takes the path of a Python file and its arguments (``ray_runner._script``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +34,13 @@ from ray.util.placement_group import (
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ringcore import RingError, topology_from_hosts, worker_env
-from ringcore.launch import HOSTNAME_ENV_VAR, get_float, host_major_order, new_secret
+from ringcore.launch import (
+    HOSTNAME_ENV_VAR,
+    get_float,
+    host_major_order,
+    new_secret,
+    torchrun_env,
+)
 
 from . import _constants as const
 from ._cluster import check_cluster_gpus, cuda_visible_devices, require_ray
@@ -36,6 +48,7 @@ from ._elastic_executor import ElasticRayExecutor
 from ._envelopes import collect
 from ._errors import PlacementGroupTimeoutError
 from ._log_callbacks import check_callbacks, collect_logging
+from ._script import Script, is_script
 from ._settings import RaySettings, create_settings
 from ._worker import CONTROL_GROUP, RingWorker
 
@@ -255,7 +268,7 @@ class RayExecutor:
 
     def run(
         self,
-        fn: Callable,
+        fn: Callable | str | os.PathLike,
         args: tuple | list | None = None,
         kwargs: dict | None = None,
         callbacks: list[Callable] | None = None,
@@ -264,8 +277,15 @@ class RayExecutor:
 
         Every callable in ``callbacks`` is called on the driver with every value a rank
         logs with ``ray_runner.ray_logger.log(value)`` while ``fn`` runs (as Horovod's).
+
+        ``fn`` may be the path of a Python file instead, ``args`` its command-line
+        arguments (strings): every rank runs it as ``python PATH ARGS`` in a process of
+        its own with torchrun's variables set, and its result is None; a non-zero exit
+        raises :class:`ringcore.WorkerError` with the script's ``exit_code``.
         """
         hooks = check_callbacks(callbacks)
+        if is_script(fn):
+            fn, args, kwargs = Script.from_driver(fn, args, kwargs), None, None
         if self._elastic is not None:
             return self._elastic.run_fn(fn, tuple(args or ()), dict(kwargs or {}), callbacks)
         refs = self._submit("run", fn, tuple(args or ()), kwargs)
@@ -333,17 +353,19 @@ class RayExecutor:
     ) -> None:
         """Open the store on rank 0, then hand every rank its topology and environment."""
         workers, hosts = self._workers, self._hosts
-        port = self._start_store(workers)
+        port, master_port = self._start_store(workers)
         store_addr = _LOOPBACK if len(set(hosts)) == 1 else hosts[0]
         gpu_env = self._gpu_env() if self.gpus_per_worker else [{} for _ in workers]
         setups = []
         secret = new_secret()  # one per job: authenticates the engine's control connections
+        run_id = uuid.uuid4().hex  # torchrun's TORCHELASTIC_RUN_ID
         for rank, worker in enumerate(workers):
             # Local ranks count per Ray node (two nodes may share an IP); the ring
             # itself talks to each rank's IP.
             topology = topology_from_hosts(self._node_ids, rank)
             env = {
                 **worker_env(topology, store_addr, port, secret=secret),
+                **torchrun_env(topology, store_addr, master_port, run_id),
                 HOSTNAME_ENV_VAR: hosts[rank],
                 **self._settings_env,
                 **gpu_env[rank],
@@ -360,13 +382,15 @@ class RayExecutor:
         visible = cuda_visible_devices(self._node_ids, gpu_ids)
         return [{"CUDA_VISIBLE_DEVICES": v, const.GPU_ADDRESSES_ENV_VAR: v} for v in visible]
 
-    def _start_store(self, workers: list) -> int:
-        """Rank 0 hosts the store while the other ranks load the ring's transport meanwhile."""
-        if len(workers) == 1:
-            return 0  # a single rank needs no TCP store (ringcore uses an in-process one)
-        refs = [workers[0].start_store.remote(len(workers))]
-        refs += [w.prepare_ring.remote() for w in workers[1:]]
-        return int(collect(refs, self._hosts)[0])
+    def _start_store(self, workers: list) -> tuple[int, int]:
+        """Rank 0 hosts the store while the other ranks load the ring's transport meanwhile,
+        then picks ``MASTER_PORT`` on its node: the store's port and that one."""
+        port = 0  # a single rank needs no TCP store (ringcore uses an in-process one)
+        if len(workers) > 1:
+            refs = [workers[0].start_store.remote(len(workers))]
+            refs += [w.prepare_ring.remote() for w in workers[1:]]
+            port = int(collect(refs, self._hosts)[0])
+        return port, int(collect([workers[0].master_port.remote()], self._hosts)[0])
 
     def _bundles(self) -> list[dict[str, float]]:
         per_worker = self._bundles_per_worker()

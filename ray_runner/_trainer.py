@@ -17,6 +17,7 @@ import copy
 import datetime
 import inspect
 import logging
+import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -37,6 +38,7 @@ from ._errors import TrainingFailedError
 from ._executor import RayExecutor
 from ._progress import progress_callback
 from ._results import Reports
+from ._script import Script, is_script
 from ._session import SessionSetup
 from ._storage import check_writable
 from ._storage import resolve as resolve_storage
@@ -85,34 +87,39 @@ def _takes_config(fn: Callable) -> bool:
 class RingTrainer:
     """Data-parallel training: ``train_loop_per_worker`` runs on every worker, as Ray Train's.
 
-    Inside the loop ``ringcore.init()`` (or ``hvd.init()``) forms the ring unchanged;
-    ``ray_runner.report(metrics, checkpoint=...)``, ``ray_runner.get_checkpoint()`` and
-    ``ray_runner.get_context()`` talk to the run. The loop takes ``train_loop_config``
+    Inside the loop ``ringcore.init()`` (or ``hvd.init()``) forms the ring unchanged, and
+    so does ``torch.distributed.init_process_group()`` (every worker has torchrun's
+    variables); ``ray_runner.report(metrics, checkpoint=...)``, ``ray_runner.get_checkpoint()``
+    and ``ray_runner.get_context()`` talk to the run. The loop takes ``train_loop_config``
     as its one argument, or no argument. Checkpoints land under
     ``<RunConfig.storage_path>/<RunConfig.name>/``, which every worker must be able to write.
+
+    ``train_loop_per_worker`` may be the path of a Python file instead, with its
+    command-line arguments in ``script_args``: every worker runs it as ``python PATH
+    ARGS`` (``ray_runner._script``) on a fixed-size group. A script runs in a process of
+    its own, so it writes its own metrics and checkpoints (``report`` is for functions);
+    a non-zero exit is a failed worker, restarted by ``FailureConfig`` as any other.
     """
 
     executor_cls: type = RayExecutor  # seam: a test may inject a different worker group
 
     def __init__(
         self,
-        train_loop_per_worker: Callable,
+        train_loop_per_worker: Callable | str | os.PathLike,
         *,
+        script_args: list[str] | None = None,
         train_loop_config: dict | None = None,
         scaling_config: ScalingConfig | None = None,
         run_config: RunConfig | None = None,
         datasets: dict | None = None,
         resume_from_checkpoint: Checkpoint | None = None,
     ):
-        if not callable(train_loop_per_worker):
-            raise TypeError(
-                f"train_loop_per_worker must be callable, got {type(train_loop_per_worker).__name__}"
-            )
+        self._loop = _loop_of(train_loop_per_worker, script_args, train_loop_config)
         if train_loop_config is not None and not isinstance(train_loop_config, dict):
             raise TypeError(
                 f"train_loop_config must be a dict or None, got {type(train_loop_config).__name__}"
             )
-        self._pass_config = _takes_config(train_loop_per_worker)
+        self._pass_config = not isinstance(self._loop, Script) and _takes_config(self._loop)
         if train_loop_config is not None and not self._pass_config:
             raise ValueError(
                 "train_loop_config was given but train_loop_per_worker takes no argument; "
@@ -137,6 +144,12 @@ class RingTrainer:
         ):
             if not isinstance(value, cls):
                 raise TypeError(f"{name} must be a {cls.__name__}, got {type(value).__name__}")
+        if isinstance(self._loop, Script) and self.scaling_config.elastic:
+            raise ValueError(
+                f"the script {self._loop.path!r} cannot run on an elastic group (num_workers="
+                f"{self.scaling_config.num_workers!r}): its own process cannot re-form with "
+                "the ring's generations. Pass an integer num_workers"
+            )
         if self.datasets and self.scaling_config.elastic:
             raise ValueError(
                 f"datasets= cannot be split over an elastic group (num_workers="
@@ -151,16 +164,20 @@ class RingTrainer:
         its workers inside the trial's placement group; rank 0's reports reach Tune as
         ``tune.report`` (with the checkpoint when one was reported).
         """
-        loop_name = getattr(self.train_loop_per_worker, "__name__", "loop")
+        loop_name = getattr(self._loop, "__name__", None) or getattr(self._loop, "name", "loop")
         return trainable_of(self.scaling_config, f"RingTrainer_{loop_name}", self._fit_trial)
 
     def _fit_trial(self, config: dict, trial_id: str, on_report: Callable[[dict], None]) -> None:
         """One Tune trial: ``fit`` with ``train_loop_config`` updated by the trial's
         ``config``, under a run name of its own; ``on_report`` gets rank 0's reports."""
         if config and not self._pass_config:
+            what = (
+                "a script, which takes command-line arguments (script_args) only"
+                if isinstance(self._loop, Script)
+                else "a function of no argument; define it as train_loop_per_worker(config)"
+            )
             raise ValueError(
-                f"the Tune trial passes config {config!r} but train_loop_per_worker takes no "
-                "argument; define it as train_loop_per_worker(config)"
+                f"the Tune trial passes config {config!r} but train_loop_per_worker is {what}"
             )
         trial = copy.copy(self)
         trial.train_loop_config = {**(self.train_loop_config or {}), **config}
@@ -303,18 +320,14 @@ class RingTrainer:
         setup = self._setup(name, store)
         poll_s = get_float(const.REPORT_POLL_INTERVAL_ENV_VAR, const.DEFAULT_REPORT_POLL_INTERVAL_S)
         if self.scaling_config.elastic:
-            return ElasticGroup(self.scaling_config).run(
-                self.train_loop_per_worker, setup, progress.add, poll_s
-            )
+            return ElasticGroup(self.scaling_config).run(self._loop, setup, progress.add, poll_s)
         executor = self._executor()
         try:
             executor.start()
             shards = _split(self.datasets, executor.num_workers)
             drain = _reports_of(executor.workers[0], progress)
             refs = [
-                worker.run_loop.remote(
-                    self.train_loop_per_worker, replace(setup, datasets=shards[rank])
-                )
+                worker.run_loop.remote(self._loop, replace(setup, datasets=shards[rank]))
                 for rank, worker in enumerate(executor.workers)
             ]
             try:
@@ -328,6 +341,28 @@ class RingTrainer:
             return [exc]
         finally:
             executor.shutdown()
+
+
+def _loop_of(what: Any, script_args: Any, config: dict | None) -> Callable:
+    """What every worker runs: the user's function, or the :class:`Script` at a path."""
+    if is_script(what):
+        if config is not None:
+            raise ValueError(
+                f"train_loop_config cannot reach the script {os.fspath(what)!r}: a script "
+                "reads its command line; pass script_args=['--name', 'value', ...]"
+            )
+        return Script.from_driver(what, script_args)
+    if script_args is not None:
+        raise ValueError(
+            "script_args are the command line of a script; train_loop_per_worker is a "
+            "function: pass train_loop_config, or the path of a Python file"
+        )
+    if not callable(what):
+        raise TypeError(
+            f"train_loop_per_worker must be callable or the path of a Python file, got "
+            f"{type(what).__name__}"
+        )
+    return what
 
 
 def _check_datasets(datasets: dict | None) -> dict:
