@@ -342,7 +342,17 @@ class RayExecutor:
         return self._workers
 
     def _submit(self, method: str, *args: Any) -> list:
+        self._fresh_master_port()
         return [getattr(w, method).remote(*args) for w in self._started()]
+
+    def _fresh_master_port(self) -> None:
+        """Each call's ``MASTER_PORT``: a port free on rank 0's node now. The user's
+        process group of the last call may still hold the last one (a group's store
+        outlives ``destroy_process_group`` while Lightning or FSDP keep it), and a script
+        of this call runs in a process of its own that must host its store anew."""
+        workers = self._started()
+        port = collect([workers[0].master_port.remote()], self._hosts)[0]
+        ray.get([w.update_env.remote({"MASTER_PORT": str(port)}) for w in workers])
 
     def _setup_workers(
         self,
