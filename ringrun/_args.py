@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import shutil
+import sys
 from dataclasses import dataclass
 
 from ringcore import RingError
@@ -340,7 +341,7 @@ def parse(argv: list[str]) -> Options:
         )
     nics = tuple(n.strip() for n in (ns.nics or "").split(",") if n.strip())
     return Options(
-        command=tuple(ns.command),
+        command=through_guard(tuple(ns.command)),
         np=ns.np,
         hosts=tuple(hosts),
         ssh_port=ns.ssh_port,
@@ -356,3 +357,25 @@ def parse(argv: list[str]) -> Options:
         address=ns.address,
         **elastic,
     )
+
+
+_PYTHON = re.compile(r"python(\d+(\.\d+)*)?")
+
+
+def through_guard(command: tuple[str, ...]) -> tuple[str, ...]:
+    """``python train.py ARGS`` with this interpreter runs as ``python -m
+    ringcore.launch.script train.py ARGS``: the same script, ``sys.argv``, ``__main__``
+    and ``sys.path[0]``, with the launchers' guard on ``init_process_group`` installed
+    first (a program's own env:// group on the interface that reaches the other hosts,
+    each group of the process at fresh rendezvous keys, a disagreeing ``rank=`` /
+    ``world_size=`` named). Any other command runs as it is: another interpreter (this
+    one's path, as ``which`` finds it, is compared: another environment may lack
+    ringtrain), options before the script, a program that is not Python."""
+    if len(command) < 2 or not command[1].endswith(".py"):
+        return command
+    if not _PYTHON.fullmatch(os.path.basename(command[0])):
+        return command
+    found = shutil.which(command[0])
+    if found is None or os.path.abspath(found) != os.path.abspath(sys.executable):
+        return command
+    return (command[0], "-m", "ringcore.launch.script", *command[1:])

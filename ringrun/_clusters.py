@@ -34,30 +34,43 @@ from ._ssh import SSH_ENV_VAR
 __all__ = ["run_mpi", "run_on_ray", "run_on_spark", "run_rank"]
 
 
-class _Prefixed:
-    """A text stream that writes each line ``run_command`` copies with ``prefix``."""
+class _ToDriver:
+    """A text stream that sends each line ``run_command`` copies to ringrun's process,
+    prefixed, through ``ray_runner.ray_logger`` (drained by the executor before its
+    ``run`` returns or raises; Ray's own log forwarding may still hold lines when
+    ringrun exits)."""
 
-    def __init__(self, sink: Any, prefix: str):
-        self.sink, self.prefix = sink, prefix
+    def __init__(self, name: str, prefix: str):
+        self.name, self.prefix = name, prefix
 
     def write(self, text: str) -> int:
-        self.sink.write(self.prefix + text)
+        from ray_runner import ray_logger
+
+        ray_logger.log((self.name, self.prefix + text))
         return len(text)
 
     def flush(self) -> None:
-        self.sink.flush()
+        pass
 
 
-def run_rank(argv: list[str], cwd: str, prefix: bool = False) -> int:
-    """In a worker: run ``argv`` (in ``cwd`` if this host has it); with ``prefix``, its
-    lines are prefixed ``[rank]<stdout>:`` here (Ray forwards them as they are)."""
+def _print_line(value: Any) -> None:
+    """On ringrun's side: a line a rank sent (``_ToDriver``)."""
+    name, text = value
+    stream = sys.stderr if name == "stderr" else sys.stdout
+    stream.write(text)
+    stream.flush()
+
+
+def run_rank(argv: list[str], cwd: str, to_driver: bool = False) -> int:
+    """In a worker: run ``argv`` (in ``cwd`` if this host has it); with ``to_driver``
+    (Ray), its lines go to ringrun prefixed ``[rank]<stdout>:`` (``_ToDriver``)."""
     where = cwd if os.path.isdir(cwd) else None
-    if not prefix:
+    if not to_driver:
         return run_command(argv, cwd=where)
     rank = os.environ.get(RANK_ENV_VAR, "?")
     out, err = sys.stdout, sys.stderr
-    sys.stdout = _Prefixed(out, f"[{rank}]<stdout>:")
-    sys.stderr = _Prefixed(err, f"[{rank}]<stderr>:")
+    sys.stdout = _ToDriver("stdout", f"[{rank}]<stdout>:")
+    sys.stderr = _ToDriver("stderr", f"[{rank}]<stderr>:")
     try:
         return run_command(argv, cwd=where)
     finally:
@@ -122,7 +135,9 @@ def run_on_ray(opts: Options) -> int:
     executor = RayExecutor(num_workers=opts.np)
     try:
         executor.start(extra_env_vars=_env(opts))
-        executor.run(run_rank, args=(list(opts.command), os.getcwd(), True))
+        executor.run(
+            run_rank, args=(list(opts.command), os.getcwd(), True), callbacks=[_print_line]
+        )
         return 0
     except WorkerError as exc:
         return _failed(exc)

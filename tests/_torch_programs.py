@@ -12,14 +12,16 @@ as a script, for the launchers' file forms and for torchrun itself.
 
 Each program returns ``{"world_size", "rank", "digest", "seconds"}``: ``digest`` is a
 fingerprint of the final parameters, the same on every rank of a run when the ranks
-trained in step. Each leaves no default process group behind (Lightning and the Trainer
-leave theirs: it is destroyed after them, as a script that runs several of them would),
+trained in step. ``run_all`` leaves no default process group behind (Lightning and the
+Trainer leave theirs: it ends each program's group after it, as a script that runs
+several of them would),
 and keeps torch's count of groups (``_end_group``), so the next group in the process
 gets fresh rendezvous keys: ``run_all`` runs the four one after another in one process.
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import os
@@ -56,15 +58,22 @@ def _data(rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _end_group() -> None:
-    """Destroy the default group, keeping torch's count of groups made in this process.
+    """Destroy the default group; under the bare torchrun, keep torch's count of groups.
 
     ``destroy_process_group()`` resets that count to 0, and the count names the next
     default group, whose Gloo rendezvous keys live in the same store (torchrun's agent
     store, or one that outlives the group through references to it): the next group
     would read the addresses the destroyed one left there and fail with "Connection
     refused" or hang (pytorch#55967, #114585; measured: 5 of 5 torchrun runs of six
-    init/destroy cycles failed). With the count kept, every group gets fresh keys."""
+    init/destroy cycles failed). Under torchrun the count is kept, so every group gets
+    fresh keys. Under a ringtrain launcher its guard on ``init_process_group`` gives each
+    group a fresh prefix of the store, and the count is left as torch sets it: kept
+    across the jobs of a reused process (a Spark Python worker) it named an FSDP2 mesh's
+    group after one of the last job's, which torch could no longer resolve."""
     if not dist.is_initialized():
+        return
+    if "RING_RANK" in os.environ:  # a ringtrain launcher: its guard gives fresh keys
+        dist.destroy_process_group()
         return
     world = dist.distributed_c10d._world
     count = world.group_count
@@ -99,9 +108,7 @@ def ddp() -> dict[str, Any]:
         opt.zero_grad()
         nn.functional.mse_loss(model(x), y).backward()
         opt.step()
-    fingerprint = digest(model.module.named_parameters())
-    _end_group()
-    return _result(world, rank, fingerprint, start)
+    return _result(world, rank, digest(model.module.named_parameters()), start)
 
 
 # --------------------------------------------------------------------------- fsdp2
@@ -143,9 +150,7 @@ def fsdp2() -> dict[str, Any]:
         nn.functional.mse_loss(model(x), y).backward()
         opt.step()
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-    fingerprint = digest(full.items())
-    _end_group()
-    return _result(world, rank, fingerprint, start)
+    return _result(world, rank, digest(full.items()), start)
 
 
 # --------------------------------------------------------------------------- lightning
@@ -194,15 +199,12 @@ def lightning_ddp() -> dict[str, Any]:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    try:
-        with warnings.catch_warnings():
-            # the loader is in memory on purpose; Lightning 2.6 still uses torch's LeafSpec
-            warnings.filterwarnings("ignore", ".*does not have many workers.*")
-            warnings.filterwarnings("ignore", r".*isinstance\(treespec, LeafSpec\).*")
-            trainer.fit(model, loader)
-        world, rank = dist.get_world_size(), dist.get_rank()
-    finally:
-        _end_group()
+    with warnings.catch_warnings():
+        # the loader is in memory on purpose; Lightning 2.6 still uses torch's LeafSpec
+        warnings.filterwarnings("ignore", ".*does not have many workers.*")
+        warnings.filterwarnings("ignore", r".*isinstance\(treespec, LeafSpec\).*")
+        trainer.fit(model, loader)
+    world, rank = dist.get_world_size(), dist.get_rank()
     return _result(world, rank, digest(model.named_parameters()), start)
 
 
@@ -272,7 +274,6 @@ def hf_trainer() -> dict[str, Any]:
             trainer.train()
             world, rank = trainer.args.world_size, trainer.args.process_index
         finally:
-            _end_group()
             _reset_accelerate()
     return _result(world, rank, digest(model.named_parameters()), start)
 
@@ -302,4 +303,18 @@ def run_all(names: list[str] | None = None) -> dict[str, dict[str, Any]]:
     unknown = sorted(set(names) - set(PROGRAMS))
     if unknown:
         raise ValueError(f"no program named {unknown}; the programs are {sorted(PROGRAMS)}")
-    return {name: PROGRAMS[name]() for name in names}
+    return {name: _run(name) for name in names}
+
+
+def _run(name: str) -> dict[str, Any]:
+    """One program, then the end of its group (Lightning and the Trainer leave theirs).
+    Its objects go first, while the group lives: torch deadlocks when a DDP module
+    outlives ``destroy_process_group()`` and is freed later (its Reducer then holds the
+    last reference to the Gloo group, whose destructor joins Gloo's worker thread while
+    holding the GIL that thread needs to free a Python object; seen on a reused Spark
+    worker with the DDP program's module freed after the group)."""
+    try:
+        return PROGRAMS[name]()
+    finally:
+        gc.collect()
+        _end_group()

@@ -248,7 +248,7 @@ def _ring_with_placement():
     sys.path.insert(0, _TESTS)  # the hosts share this file system
     import _torch_programs
 
-    ddp = _torch_programs.ddp()  # a torchrun program first: its own group, then ours
+    ddp = _torch_programs.run_all(["ddp"])["ddp"]  # a torchrun program: its own group, then ours
     hvd.init()
     total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
     return {
@@ -956,7 +956,8 @@ exec ip netns exec "$ns" unshare --uts -- sh -c "hostname $name && $2"
 
 def test_ringrun_runs_two_ranks_on_each_of_two_hosts_through_ssh(cluster, tmp_path):
     """ringrun in the root namespace hosts the store (on its address toward the hosts);
-    ranks start over the ssh seam; rank 0's MASTER_PORT is asked of its host."""
+    ranks start over the ssh seam; rank 0's MASTER_PORT is asked of its host; the
+    program's own init_process_group() forms a group across the hosts with no setting."""
     launcher = tmp_path / "ssh.sh"
     launcher.write_text(_RINGRUN_SSH)
     launcher.chmod(0o755)
@@ -969,9 +970,10 @@ def test_ringrun_runs_two_ranks_on_each_of_two_hosts_through_ssh(cluster, tmp_pa
     proc = subprocess.run(
         [sys.executable, "-m", "ringrun", "-np", "4", "-H", hosts, "--start-timeout", "40",
          sys.executable, str(tmp_path / "job.py")],
-        # the program's own Gloo group: its hosts' names resolve to 127.0.0.1, so it is
-        # told the interface, as under torchrun (ringcore's ring finds it alone)
-        env={**_clean_env(), "RINGRUN_SSH": str(launcher), "GLOO_SOCKET_IFNAME": "eth0"},
+        # no GLOO_SOCKET_IFNAME: the hosts' names resolve to 127.0.0.1, and the program's
+        # own Gloo group binds where ringcore's ring would (ringrun runs this interpreter's
+        # scripts under the launchers' init guard); under torchrun it would need one
+        env={**_clean_env(), "RINGRUN_SSH": str(launcher)},
         cwd=tmp_path,
         capture_output=True, text=True, timeout=150,
     )  # fmt: skip

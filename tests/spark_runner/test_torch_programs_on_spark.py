@@ -2,9 +2,10 @@
 ``spark_runner.run`` of a function and of a Python file, and ``TorchDistributor`` (PySpark's
 interface) on the shared local[2] session and on the driver (``local_mode=True``).
 
-Each launch runs one program of tests/_torch_programs.py (each program is covered; several
-in one process re-form a group on the same MASTER_PORT, where torch may read the last
-group's keys); every rank must report world size 2 and the digest of the other rank."""
+Each launch runs the four programs of tests/_torch_programs.py (DDP on env://, FSDP2,
+Lightning's DDPStrategy, the Hugging Face Trainer) one after another in each rank's
+process; every rank must report world size 2 and the digest of the other rank for each
+(one launch per launcher form, not one per program: each launch costs seconds)."""
 
 from __future__ import annotations
 
@@ -30,11 +31,15 @@ def spark():
     return _spark.shared_session()  # never stopped here: see tests/_spark.py
 
 
-def _one_run(per_rank: list[dict], name: str) -> None:
-    """Every rank ran ``name`` in one group of 2 and ended with the same parameters."""
-    results = [r[name] for r in per_rank]
-    assert [(r["rank"], r["world_size"]) for r in results] == [(0, 2), (1, 2)]
-    assert results[0]["digest"] == results[1]["digest"]
+PROGRAMS = list(_torch_programs.PROGRAMS)
+
+
+def _in_step(per_rank: list[dict]) -> None:
+    """Every rank ran every program in one group of 2 and ended with the same parameters."""
+    for name in PROGRAMS:
+        results = [r[name] for r in per_rank]
+        assert [(r["rank"], r["world_size"]) for r in results] == [(0, 2), (1, 2)], name
+        assert results[0]["digest"] == results[1]["digest"], name
 
 
 def _files(out: str) -> list[dict]:
@@ -43,34 +48,35 @@ def _files(out: str) -> list[dict]:
 
 
 def test_spark_runner_run_runs_a_torchrun_function_unchanged(spark):
-    per_rank = spark_runner.run(_torch_programs.run_all, args=(["lightning_ddp"],), num_proc=2)
-    _one_run(per_rank, "lightning_ddp")
+    _in_step(spark_runner.run(_torch_programs.run_all, num_proc=2))
 
 
 def test_spark_runner_run_runs_a_python_file_with_its_arguments(spark, tmp_path):
-    assert spark_runner.run(MAIN, args=[str(tmp_path), "ddp"], num_proc=2) == [None, None]
-    _one_run(_files(str(tmp_path)), "ddp")
+    assert spark_runner.run(MAIN, args=[str(tmp_path)], num_proc=2) == [None, None]
+    _in_step(_files(str(tmp_path)))
 
 
 def test_torch_distributor_on_spark_returns_rank_0s_result(spark):
     distributor = spark_runner.TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
-    result = distributor.run(_torch_programs.run_all, ["hf_trainer"])
-    assert result["hf_trainer"]["rank"] == 0 and result["hf_trainer"]["world_size"] == 2
+    result = distributor.run(_torch_programs.run_all)
+    assert {(r["rank"], r["world_size"]) for r in result.values()} == {(0, 2)}
+    assert set(result) == set(PROGRAMS)
 
 
 def test_torch_distributor_on_spark_runs_a_python_file(spark, tmp_path):
     distributor = spark_runner.TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
-    assert distributor.run(MAIN, str(tmp_path), "fsdp2") is None
-    _one_run(_files(str(tmp_path)), "fsdp2")
+    assert distributor.run(MAIN, str(tmp_path)) is None
+    _in_step(_files(str(tmp_path)))
 
 
 def test_torch_distributor_local_mode_runs_on_the_driver_without_a_spark_job(spark, tmp_path):
     sc = spark.sparkContext
     jobs = len(sc.statusTracker().getJobIdsForGroup(None))
     distributor = spark_runner.TorchDistributor(num_processes=2, local_mode=True, use_gpu=False)
-    assert distributor.run(_torch_programs.run_all, ["ddp"])["ddp"]["world_size"] == 2
-    assert distributor.run(MAIN, str(tmp_path), "lightning_ddp") is None
-    _one_run(_files(str(tmp_path)), "lightning_ddp")
+    result = distributor.run(_torch_programs.run_all)
+    assert {(r["rank"], r["world_size"]) for r in result.values()} == {(0, 2)}
+    assert distributor.run(MAIN, str(tmp_path)) is None
+    _in_step(_files(str(tmp_path)))
     assert len(sc.statusTracker().getJobIdsForGroup(None)) == jobs
 
 
