@@ -233,25 +233,42 @@ def test_a_hostfile_gives_slots_as_horovodrun_reads_it(tmp_path):
     assert opts.command == ("python", "train.py", "-np", "9")  # after the command: its own
 
 
-_RANK_LINE = "import os, sys; print('rank', os.environ['RING_RANK']); sys.exit(4 if os.environ['RING_RANK'] == '1' else 0)"
+_PROGRAMS_MAIN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "_torch_programs_main.py")
+
+
+def _programs_then_exit_4(tmp_path) -> list[str]:
+    """The four torch.distributed programs' script; rank 1 then exits 4."""
+    pytest.importorskip("lightning")
+    pytest.importorskip("transformers")
+    return [sys.executable, _PROGRAMS_MAIN, str(tmp_path / "out"), "--rank-1-exits=4"]
+
+
+def _assert_programs_in_step(out) -> None:
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for name in ranks[0]:
+        seen = [r[name] for r in ranks]
+        assert [(x["rank"], x["world_size"]) for x in seen] == [(0, 2), (1, 2)], name
+        assert seen[0]["digest"] == seen[1]["digest"], name
 
 
 @pytest.mark.spark
 @pytest.mark.timeout(180)
 def test_spark_runs_the_command_in_each_barrier_task_and_exits_with_a_ranks_status(tmp_path):
     pytest.importorskip("pyspark")
-    done = _ringrun(["--spark", "--master", "local[2]", "-np", "2",
-                     sys.executable, "-c", _RANK_LINE], tmp_path, timeout=170)  # fmt: skip
+    done = _ringrun(["--spark", "--master", "local[2]", "-np", "2", *_programs_then_exit_4(tmp_path)],
+                    tmp_path, timeout=170)  # fmt: skip
     assert done.returncode == 4, done.stderr[-3000:]
-    assert "[0]<stdout>:rank 0" in done.stdout and "[1]<stdout>:rank 1" in done.stdout
+    assert "[0]<stdout>:rank 0 ran" in done.stdout and "[1]<stdout>:rank 1 ran" in done.stdout
     assert "rank 1 on" in done.stderr
+    _assert_programs_in_step(tmp_path / "out")
 
 
 @pytest.mark.ray
 @pytest.mark.timeout(180)
 def test_ray_runs_the_command_in_each_actor_and_exits_with_a_ranks_status(tmp_path):
     pytest.importorskip("ray")
-    done = _ringrun(["--ray", "-np", "2", sys.executable, "-c", _RANK_LINE], tmp_path,
+    done = _ringrun(["--ray", "-np", "2", *_programs_then_exit_4(tmp_path)], tmp_path,
                     timeout=170)  # fmt: skip
     assert done.returncode == 4, done.stderr[-3000:]
-    assert "[0]<stdout>:rank 0" in done.stdout and "[1]<stdout>:rank 1" in done.stdout
+    assert "[0]<stdout>:rank 0 ran" in done.stdout and "[1]<stdout>:rank 1 ran" in done.stdout
+    _assert_programs_in_step(tmp_path / "out")

@@ -69,6 +69,29 @@ def test_run_on_spark_connect_returns_each_ranks_allreduce_in_rank_order(spark):
     assert "[1]<stdout>:rank 1 of 2 says hi" in lines
 
 
+def _ddp_on_env() -> tuple[int, int, list[float]]:
+    """A TorchDistributor training function as PySpark's users write it: env://, DDP."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1, bias=False))
+    model(torch.full((1, 2), float(dist.get_rank() + 1))).sum().backward()
+    rank, size = dist.get_rank(), dist.get_world_size()
+    dist.destroy_process_group()
+    return rank, size, model.module.weight.grad.flatten().tolist()
+
+
+@pytest.mark.timeout(120)
+def test_torch_distributor_runs_an_env_rendezvous_ddp_function_on_connect(spark):
+    """One import changed (pyspark.ml.torch.distributor -> spark_runner): the function
+    runs on the server's slots and rank 0's return value comes back."""
+    distributor = spark_runner.TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    rank, size, grad = distributor.run(_ddp_on_env)
+    assert (rank, size) == (0, 2)
+    assert grad == [1.5, 1.5]  # DDP's average of the ranks' inputs 1 and 2
+
+
 def _fails_on_rank_one():
     import ringcore.torch as hvd
 

@@ -16,6 +16,7 @@ import os
 import sys
 import time
 
+import _torch_programs  # its functions travel to the executors by value
 import pytest
 
 import spark_runner
@@ -113,6 +114,21 @@ def test_the_training_stage_gets_one_distinct_gpu_per_task_and_other_stages_ever
     assert task_slots(sc) == 4
     met = sc.parallelize(range(4), 4).mapPartitions(_meet(str(tmp_path), 4)).collect()
     assert met == [True] * 4
+
+
+def test_torch_distributed_programs_run_unchanged_on_a_local_cluster_with_a_gpu_per_task(
+    gpu_cluster,
+):
+    """DDP, FSDP2, Lightning's DDPStrategy and the HF Trainer (CPU tensors: the GPUs are
+    fake) in the tasks of a stage that asked for one GPU each, on two executors."""
+    pytest.importorskip("lightning")
+    pytest.importorskip("transformers")
+    ranks = spark_runner.run(_torch_programs.run_all, num_proc=2, resources={"gpu": 1})
+    assert set(ranks[0]) == set(_torch_programs.PROGRAMS)
+    for name in ranks[0]:
+        seen = [programs[name] for programs in ranks]
+        assert [(r["rank"], r["world_size"]) for r in seen] == [(0, 2), (1, 2)], name
+        assert seen[0]["digest"] == seen[1]["digest"], name
 
 
 def test_use_gpu_true_asks_one_gpu_per_task_and_slots_are_counted_by_that_profile(gpu_cluster):
