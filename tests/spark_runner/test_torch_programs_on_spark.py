@@ -57,16 +57,11 @@ def test_spark_runner_run_runs_a_python_file_with_its_arguments(spark, tmp_path)
 
 
 def test_torch_distributor_on_spark_returns_rank_0s_result(spark):
+    """(Its file form on Spark is spark_runner.run's, tested above; local_mode's below.)"""
     distributor = spark_runner.TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
     result = distributor.run(_torch_programs.run_all)
     assert {(r["rank"], r["world_size"]) for r in result.values()} == {(0, 2)}
     assert set(result) == set(PROGRAMS)
-
-
-def test_torch_distributor_on_spark_runs_a_python_file(spark, tmp_path):
-    distributor = spark_runner.TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
-    assert distributor.run(MAIN, str(tmp_path)) is None
-    _in_step(_files(str(tmp_path)))
 
 
 def test_torch_distributor_local_mode_runs_on_the_driver_without_a_spark_job(spark, tmp_path):
