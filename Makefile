@@ -42,7 +42,7 @@ TORCH_WHEEL = build/torch/torch-$(TORCH_VERSION)*.whl
 # which git ignores; a stale one is never used (Python checks the source's mtime).
 PY_SOURCES := ringcore spark_runner ray_runner estimators ringrun tests bench tools notebooks examples
 
-.PHONY: demo test test-side test-current test-spark35 test-spark41 test-spark35-newest soak bench lint install clean reliability conformance conformance-examples cluster-up cluster-down
+.PHONY: demo test test-side test-house test-current test-spark35 test-spark41 test-spark35-newest soak bench lint install clean reliability conformance conformance-examples cluster-up cluster-down
 
 install: $(STAMP)
 
@@ -63,26 +63,34 @@ $(STAMP): pyproject.toml constraints.txt Makefile $(TORCH_STAMP) | $(UV)
 demo: $(STAMP)
 	$(PY) examples/digits_demo.py
 
-# The whole suite on the main stack and, beside it, the other stacks (below: their venvs
-# built, then their subsets, one after another, at a lower CPU priority, `nice -n 5`,
-# into build/test-side.log, printed when both are done). The main suite leaves a core
-# idle for part of its time (JVM and Ray start-ups, timeouts the fault tests wait out);
-# the other stacks fill it. Fails when either fails.
+# The whole suite on the main stack and, beside it, the house's own tests and the other
+# stacks (below: tests/project and tests/ringrun on the main venv, then the other
+# stacks' venvs built and their subsets, one after another, at a lower CPU priority,
+# `nice -n 5`, into build/test-side.log, printed when both are done). The main suite
+# leaves a core idle for part of its time (JVM and Ray start-ups, timeouts the fault
+# tests wait out); the side run fills it. Fails when either fails.
 # PYTEST_ARGS: more pytest options for the main suite (e.g. a JUnit report).
 SIDE_NICE ?= 5
 test: $(STAMP)
 	$(PY) -m compileall -q $(PY_SOURCES)
 	@mkdir -p build
-	@echo "== the other stacks run beside the main suite: build/test-side.log"
+	@echo "== the house tests and the other stacks run beside the main suite: build/test-side.log"
 	@nice -n $(SIDE_NICE) $(MAKE) --no-print-directory test-side > build/test-side.log 2>&1 & side=$$!; \
-	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests; main=$$?; \
+	$(PY) -m pytest -p no:cacheprovider $(PYTEST_ARGS) tests $(HOUSE_IGNORE); main=$$?; \
 	echo "== the main suite: exit $$main; waiting for the other stacks"; \
 	wait $$side; rc=$$?; cat build/test-side.log; \
 	echo "== the main suite: exit $$main; the other stacks: exit $$rc"; \
 	test $$main -eq 0 && test $$rc -eq 0
 
-# The other stacks alone, one after another (what `make test` runs beside the main suite).
-test-side: test-current test-spark35 test-spark41 test-spark35-newest
+# Beside the main suite, one after another: the house's own tests and ringrun's on the
+# main stack (tests/project, tests/ringrun: no shared Spark session or Ray instance,
+# each launch in a process of its own), then the other stacks.
+HOUSE_TESTS := tests/project tests/ringrun
+HOUSE_IGNORE := $(foreach t,$(HOUSE_TESTS),--ignore=$(t))
+test-side: test-house test-current test-spark35 test-spark41 test-spark35-newest
+
+test-house: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider $(HOUSE_TESTS)
 
 # The second tested stack: the newest releases (constraints-current.txt: pyspark 4.3,
 # ray 2.60, pyarrow 26, numpy 2, pandas < 3), without Petastorm (the Arrow reader), in

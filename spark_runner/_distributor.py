@@ -95,15 +95,13 @@ class TorchDistributor:
         program, args, kwargs = as_program(train_object, args, kwargs)
         if self.local_mode:
             return run_local(program, args, kwargs, self.num_processes, self.use_gpu)[0]
-        import spark_runner
+        from ._run import run
 
         self._check_encryption()
         # use_gpu=True: one GPU per task through the stage's ResourceProfile where the
         # cluster has stage-level scheduling (spark_runner._resources), as PySpark's
         # spark.task.resource.gpu.amount would give every stage of the application
-        return spark_runner.run(
-            program, args, kwargs, num_proc=self.num_processes, use_gpu=self.use_gpu
-        )[0]
+        return run(program, args, kwargs, num_proc=self.num_processes, use_gpu=self.use_gpu)[0]
 
     def _check_encryption(self) -> None:
         """PySpark's refusal: the ranks' traffic is not encrypted, so a cluster with

@@ -126,8 +126,9 @@ def test_torch_programs_run_unchanged_on_ray_executor_as_a_function_then_as_a_sc
     )
     with RayExecutor(num_workers=2, placement_group_timeout_s=60) as executor:
         _assert_in_step(executor.run(_torch_programs.run_all), PROGRAMS)
-        assert executor.run(MAIN, args=[str(tmp_path / "out"), *PROGRAMS]) == [None, None]
-        _assert_in_step(_written(tmp_path / "out"), PROGRAMS)
+        # the script's own path (shipped, run as python would): one program
+        assert executor.run(MAIN, args=[str(tmp_path / "out"), "ddp"]) == [None, None]
+        _assert_in_step(_written(tmp_path / "out"), ["ddp"])
         with pytest.raises(WorkerError) as info:
             executor.run(str(failing))
         assert (info.value.rank, info.value.exit_code) == (1, 3)
@@ -153,12 +154,12 @@ def test_torch_programs_run_unchanged_as_a_ring_trainer_loop_and_as_its_script(
     _assert_in_step(_written(loop_out), PROGRAMS)
     result = RingTrainer(
         MAIN,
-        script_args=[str(script_out)],
+        script_args=[str(script_out), "ddp"],
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name="script", storage_path=str(tmp_path), verbose=0),
     ).fit()
     assert result.error is None and result.metrics is None
-    _assert_in_step(_written(script_out), PROGRAMS)
+    _assert_in_step(_written(script_out), ["ddp"])
 
 
 # ------------------------------------------------------------------------ elastic

@@ -5,7 +5,9 @@ interface) on the shared local[2] session and on the driver (``local_mode=True``
 Each launch runs the four programs of tests/_torch_programs.py (DDP on env://, FSDP2,
 Lightning's DDPStrategy, the Hugging Face Trainer) one after another in each rank's
 process; every rank must report world size 2 and the digest of the other rank for each
-(one launch per launcher form, not one per program: each launch costs seconds)."""
+(one launch per launcher form, not one per program: each launch costs seconds). A file
+form runs the DDP program alone: what differs there is how the file runs, not the
+program."""
 
 from __future__ import annotations
 
@@ -34,9 +36,9 @@ def spark():
 PROGRAMS = list(_torch_programs.PROGRAMS)
 
 
-def _in_step(per_rank: list[dict]) -> None:
-    """Every rank ran every program in one group of 2 and ended with the same parameters."""
-    for name in PROGRAMS:
+def _in_step(per_rank: list[dict], names: list[str] = PROGRAMS) -> None:
+    """Every rank ran the programs in one group of 2 and ended with the same parameters."""
+    for name in names:
         results = [r[name] for r in per_rank]
         assert [(r["rank"], r["world_size"]) for r in results] == [(0, 2), (1, 2)], name
         assert results[0]["digest"] == results[1]["digest"], name
@@ -52,8 +54,9 @@ def test_spark_runner_run_runs_a_torchrun_function_unchanged(spark):
 
 
 def test_spark_runner_run_runs_a_python_file_with_its_arguments(spark, tmp_path):
-    assert spark_runner.run(MAIN, args=[str(tmp_path)], num_proc=2) == [None, None]
-    _in_step(_files(str(tmp_path)))
+    # the file form's own path (shipped, run by the task as python would): one program
+    assert spark_runner.run(MAIN, args=[str(tmp_path), "ddp"], num_proc=2) == [None, None]
+    _in_step(_files(str(tmp_path)), ["ddp"])
 
 
 def test_torch_distributor_on_spark_returns_rank_0s_result(spark):
@@ -70,8 +73,8 @@ def test_torch_distributor_local_mode_runs_on_the_driver_without_a_spark_job(spa
     distributor = spark_runner.TorchDistributor(num_processes=2, local_mode=True, use_gpu=False)
     result = distributor.run(_torch_programs.run_all)
     assert {(r["rank"], r["world_size"]) for r in result.values()} == {(0, 2)}
-    assert distributor.run(MAIN, str(tmp_path)) is None
-    _in_step(_files(str(tmp_path)))
+    assert distributor.run(MAIN, str(tmp_path), "ddp") is None
+    _in_step(_files(str(tmp_path)), ["ddp"])
     assert len(sc.statusTracker().getJobIdsForGroup(None)) == jobs
 
 
