@@ -82,10 +82,12 @@ test: $(STAMP)
 	echo "== the main suite: exit $$main; the other stacks: exit $$rc"; \
 	test $$main -eq 0 && test $$rc -eq 0
 
-# Beside the main suite, one after another: the house's own tests and ringrun's on the
-# main stack (tests/project, tests/ringrun: no shared Spark session or Ray instance,
-# each launch in a process of its own), then the other stacks.
-HOUSE_TESTS := tests/project tests/ringrun
+# Beside the main suite, one after another: the main stack's tests that share no Spark
+# session or Ray instance with it (the house's own tests, ringrun's, the notebooks, the
+# torch.distributed programs under torchrun: each launch in a process of its own), then
+# the other stacks.
+HOUSE_TESTS := tests/project tests/ringrun tests/end_to_end/test_notebooks.py \
+	tests/end_to_end/test_torch_programs.py
 HOUSE_IGNORE := $(foreach t,$(HOUSE_TESTS),--ignore=$(t))
 test-side: test-house test-current test-spark35 test-spark41 test-spark35-newest
 

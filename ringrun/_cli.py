@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 
 from ringcore import RingError
 
@@ -36,7 +38,14 @@ def _run(opts: Options) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Run ``ringrun ARGS`` (``argv``: without the program name; None: ``sys.argv[1:]``)
     and return its exit status: 0, the first failing rank's own status, 2 for a command
-    line refused before anything started, 130 / 143 after Ctrl-C / SIGTERM."""
+    line refused before anything started, 130 / 143 after Ctrl-C / SIGTERM.
+
+    SIGINT is ringrun's to handle even when the shell that started it ignored it (a
+    background job of a script: ``ringrun ... &``): a SIGINT sent to ringrun ends the job
+    as Ctrl-C does, never leaving it running with its ranks."""
+    ignored = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    if ignored and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return _run(parse(sys.argv[1:] if argv is None else list(argv)))
     except UsageError as exc:
