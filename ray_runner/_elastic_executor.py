@@ -39,6 +39,7 @@ from ringcore.launch import (
     RANK_ENV_VAR,
     ElasticNames,
     ElasticPolicy,
+    ShippedScript,
     check_elastic_limits,
     get_float,
 )
@@ -48,7 +49,6 @@ from ._cluster import check_cluster_gpus, require_ray
 from ._config import ScalingConfig
 from ._elastic_group import ElasticGroup, _Member
 from ._log_callbacks import check_callbacks
-from ._script import Script
 from ._session import SessionSetup
 from ._settings import RaySettings, create_elastic_settings
 
@@ -249,7 +249,7 @@ class ElasticRayExecutor:
         callbacks: list[Callable] | None,
     ) -> list:
         """``fn(*args, **kwargs)`` as :meth:`run` (``RayExecutor``'s elastic mode calls this)."""
-        if isinstance(fn, str | os.PathLike | Script):
+        if isinstance(fn, str | os.PathLike | ShippedScript):
             raise NotImplementedError(
                 "an elastic job runs functions, not scripts: a script's own process cannot "
                 "re-form with the ring's generations. Run the script on a fixed group "

@@ -13,7 +13,7 @@ own process group; every actor gets :func:`ringcore.worker_env` and torchrun's v
 ``ringcore.init()`` needs nothing else and a ``torch.distributed`` program's
 ``init_process_group()`` (env://) forms the job's group unchanged. When every rank is on
 one node the ring talks over 127.0.0.1; a single rank needs no TCP store at all.
-``run`` also takes the path of a Python file and its arguments (``ray_runner._script``).
+``run`` also takes the path of a Python file and its arguments (``ringcore.launch.ShippedScript``).
 """
 
 from __future__ import annotations
@@ -36,8 +36,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from ringcore import RingError, topology_from_hosts, worker_env
 from ringcore.launch import (
     HOSTNAME_ENV_VAR,
+    ShippedScript,
     get_float,
     host_major_order,
+    is_script,
     new_secret,
     torchrun_env,
 )
@@ -48,7 +50,6 @@ from ._elastic_executor import ElasticRayExecutor
 from ._envelopes import collect
 from ._errors import PlacementGroupTimeoutError
 from ._log_callbacks import check_callbacks, collect_logging
-from ._script import Script, is_script
 from ._settings import RaySettings, create_settings
 from ._worker import CONTROL_GROUP, RingWorker
 
@@ -285,7 +286,7 @@ class RayExecutor:
         """
         hooks = check_callbacks(callbacks)
         if is_script(fn):
-            fn, args, kwargs = Script.from_driver(fn, args, kwargs), None, None
+            fn, args, kwargs = ShippedScript.from_driver(fn, args, kwargs), None, None
         if self._elastic is not None:
             return self._elastic.run_fn(fn, tuple(args or ()), dict(kwargs or {}), callbacks)
         refs = self._submit("run", fn, tuple(args or ()), kwargs)

@@ -26,7 +26,7 @@ from typing import Any
 import ray
 
 from ringcore import RingError, WorkerError
-from ringcore.launch import get_float
+from ringcore.launch import ShippedScript, get_float, is_script
 
 from . import _constants as const
 from ._checkpoint import Checkpoint, CheckpointStore
@@ -38,7 +38,6 @@ from ._errors import TrainingFailedError
 from ._executor import RayExecutor
 from ._progress import progress_callback
 from ._results import Reports
-from ._script import Script, is_script
 from ._session import SessionSetup
 from ._storage import check_writable
 from ._storage import resolve as resolve_storage
@@ -96,7 +95,7 @@ class RingTrainer:
 
     ``train_loop_per_worker`` may be the path of a Python file instead, with its
     command-line arguments in ``script_args``: every worker runs it as ``python PATH
-    ARGS`` (``ray_runner._script``) on a fixed-size group. A script runs in a process of
+    ARGS`` (``ringcore.launch.ShippedScript``) on a fixed-size group. A script runs in a process of
     its own, so it writes its own metrics and checkpoints (``report`` is for functions);
     a non-zero exit is a failed worker, restarted by ``FailureConfig`` as any other.
     """
@@ -119,7 +118,7 @@ class RingTrainer:
             raise TypeError(
                 f"train_loop_config must be a dict or None, got {type(train_loop_config).__name__}"
             )
-        self._pass_config = not isinstance(self._loop, Script) and _takes_config(self._loop)
+        self._pass_config = not isinstance(self._loop, ShippedScript) and _takes_config(self._loop)
         if train_loop_config is not None and not self._pass_config:
             raise ValueError(
                 "train_loop_config was given but train_loop_per_worker takes no argument; "
@@ -144,7 +143,7 @@ class RingTrainer:
         ):
             if not isinstance(value, cls):
                 raise TypeError(f"{name} must be a {cls.__name__}, got {type(value).__name__}")
-        if isinstance(self._loop, Script) and self.scaling_config.elastic:
+        if isinstance(self._loop, ShippedScript) and self.scaling_config.elastic:
             raise ValueError(
                 f"the script {self._loop.path!r} cannot run on an elastic group (num_workers="
                 f"{self.scaling_config.num_workers!r}): its own process cannot re-form with "
@@ -173,7 +172,7 @@ class RingTrainer:
         if config and not self._pass_config:
             what = (
                 "a script, which takes command-line arguments (script_args) only"
-                if isinstance(self._loop, Script)
+                if isinstance(self._loop, ShippedScript)
                 else "a function of no argument; define it as train_loop_per_worker(config)"
             )
             raise ValueError(
@@ -344,14 +343,14 @@ class RingTrainer:
 
 
 def _loop_of(what: Any, script_args: Any, config: dict | None) -> Callable:
-    """What every worker runs: the user's function, or the :class:`Script` at a path."""
+    """What every worker runs: the user's function, or the :class:`~ringcore.launch.ShippedScript` at a path."""
     if is_script(what):
         if config is not None:
             raise ValueError(
                 f"train_loop_config cannot reach the script {os.fspath(what)!r}: a script "
                 "reads its command line; pass script_args=['--name', 'value', ...]"
             )
-        return Script.from_driver(what, script_args)
+        return ShippedScript.from_driver(what, script_args)
     if script_args is not None:
         raise ValueError(
             "script_args are the command line of a script; train_loop_per_worker is a "

@@ -41,6 +41,7 @@ from ringcore import RingError, topology_from_hosts
 from ringcore.launch import (
     DEFAULT_ELASTIC_TIMEOUT_S,
     ELASTIC_ENV_VAR,
+    TERM_GRACE_S,
     WORKER_ID_ENV_VAR,
     ElasticJob,
     ElasticPolicy,
@@ -57,7 +58,7 @@ from ._args import Options, rank_hosts
 from ._discovery import DISCOVER_EVERY_S, Discovery, DiscoveryError
 from ._hosts_run import base_env, check_command, guarded, say, start_rank
 from ._ranks import Job
-from ._remote import TERM_GRACE_S, exit_status
+from ._remote import exit_status
 from ._ssh import interface_address, is_local, remote_free_port, route_address
 
 __all__ = ["run_elastic"]

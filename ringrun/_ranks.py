@@ -23,7 +23,9 @@ import time
 from collections.abc import Sequence
 from typing import IO, Any
 
-from ._remote import TERM_GRACE_S, die_with_parent, exit_status, signal_group
+from ringcore.launch import TERM_GRACE_S, die_with_parent, signal_group
+
+from ._remote import exit_status
 
 __all__ = ["Job", "Rank"]
 

@@ -6,16 +6,17 @@ starts ``argv`` in ``cwd`` with its environment updated by ``env``, in a process
 its own, its output going straight to ssh's. Then it keeps reading its standard input:
 a line ``INT`` or ``TERM`` sends that signal to the rank's whole group; end of input
 (ringrun closed it, or died, or the connection dropped) ends the group: SIGTERM, then
-SIGKILL after :data:`TERM_GRACE_S`. It exits with the rank's status (``128 + N`` for a
+SIGKILL after ``TERM_GRACE_S``. It exits with the rank's status (``128 + N`` for a
 rank ended by signal N), which ssh hands back to ringrun.
 
 ``python -m ringrun._remote --free-port`` prints a TCP port free on this host (the
-job's ``MASTER_PORT`` when rank 0 is remote). Only the standard library is imported.
+job's ``MASTER_PORT`` when rank 0 is remote). The process groups are ended with
+``ringcore.launch``'s helpers (:func:`~ringcore.launch.end_group`), as a launcher's
+worker ends a command's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -24,43 +25,16 @@ import subprocess
 import sys
 import threading
 
-__all__ = ["TERM_GRACE_S", "exit_status", "main"]
+from ringcore.launch import die_with_parent, end_group, free_port, signal_group
 
-#: how long the rank's group has to exit after SIGTERM before it is killed
-TERM_GRACE_S = 5.0
+__all__ = ["exit_status", "main"]
+
 SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM}
 
 
 def exit_status(code: int) -> int:
     """A process's exit status as a shell reports it: ``128 + N`` when signal N ended it."""
     return 128 - code if code < 0 else code
-
-
-def die_with_parent() -> None:
-    """In a rank's process, before it runs: SIGTERM when the process that started it dies."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the launcher's own cleanup ends it
-        pass
-
-
-def signal_group(pid: int, sig: int) -> bool:
-    """Send ``sig`` to the process group ``pid`` leads; False when it is gone."""
-    try:
-        os.killpg(pid, sig)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def end_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace_s: float = TERM_GRACE_S):
-    """``sig`` to ``proc``'s whole group, SIGKILL to the group after ``grace_s``."""
-    if signal_group(proc.pid, sig):
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(grace_s)
-    signal_group(proc.pid, signal.SIGKILL)
 
 
 def _watch_input(proc: subprocess.Popen) -> None:
@@ -71,15 +45,9 @@ def _watch_input(proc: subprocess.Popen) -> None:
     end_group(proc)  # ringrun closed our input, or went away
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> int:
     if sys.argv[1:] == ["--free-port"]:
-        print(_free_port(), flush=True)
+        print(free_port(), flush=True)
         return 0
     spec = json.loads(sys.stdin.readline())
     host = socket.gethostname()

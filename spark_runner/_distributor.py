@@ -20,10 +20,10 @@ from __future__ import annotations
 from typing import Any
 
 from ringcore import RingError, cuda_built
-from ringcore.launch import GpuUnavailableError, check_use_gpu
+from ringcore.launch import GpuUnavailableError, check_use_gpu, is_script
 
 from ._local import run_local
-from ._script import as_program, is_script
+from ._script import as_program
 
 __all__ = ["TORCH_SSL_CONF", "TorchDistributor"]
 

@@ -31,14 +31,13 @@ import cloudpickle
 
 from ringcore import WorkerError, topology_from_hosts, worker_env
 from ringcore.launch import (
+    ShippedScript,
     dumps_with_user_code,
     free_port,
     new_secret,
     script_command,
     torchrun_env,
 )
-
-from ._script import ScriptRun
 
 __all__ = ["run_local"]
 
@@ -155,7 +154,7 @@ def run_local(
     stdout: Any = None,
     stderr: Any = None,
 ) -> list[Any]:
-    """Run ``program`` (a function, or a :class:`ScriptRun`) on ``num_proc`` local
+    """Run ``program`` (a function, or a :class:`~ringcore.launch.ShippedScript`) on ``num_proc`` local
     processes; every rank's result by rank (None for a script)."""
     import torch.distributed as dist
 
@@ -175,7 +174,7 @@ def run_local(
         new_secret(),
     )
     folder = tempfile.mkdtemp(prefix="ringtrain-local-")
-    script = isinstance(program, ScriptRun)
+    script = isinstance(program, ShippedScript)
     if not script:
         payload = os.path.join(folder, "payload.pickle")
         with open(payload, "wb") as f:

@@ -36,9 +36,12 @@ The contract:
   :func:`release_user_group` (a reused worker process starts its next job with no
   group left by the last one);
 - **scripts and commands**: :func:`check_script` (a Python file and string arguments,
-  checked before any job), :func:`script_command` (the command that runs it as
-  ``python PATH ARGS`` would) and :func:`run_command` (runs a command in the worker,
-  its output forwarded, its exit status raised as :class:`CommandFailedError`).
+  checked before any job), :class:`ShippedScript` (the file's bytes sent to the
+  workers, run in place or from a copy), :func:`script_command` (the command that runs
+  it as ``python PATH ARGS`` would) and :func:`run_command` (runs a command in the
+  worker, its output forwarded, its exit status raised as :class:`CommandFailedError`);
+  a launched process's group: :func:`die_with_parent`, :func:`signal_group`,
+  :func:`end_group`.
 
 The kit:
 
@@ -128,7 +131,17 @@ from ..rendezvous.iface import (
 from ..rendezvous.store_server import hosted_store, start_store_server, stop_store_server
 from ..rendezvous.topology import host_major_order
 from ..runtime.state import backend_name, data_plane
-from ._commands import check_script, run_command, script_command
+from ._commands import (
+    TERM_GRACE_S,
+    ShippedScript,
+    check_script,
+    die_with_parent,
+    end_group,
+    is_script,
+    run_command,
+    script_command,
+    signal_group,
+)
 from ._gpu import pin_gpu
 from ._log_client import LogConnection, connect_log, report_progress, stream_pair
 from ._log_server import MAX_HANDSHAKES, MAX_LINE_BYTES, LogServer
@@ -172,6 +185,7 @@ __all__ = [
     "STORE_EXTERNAL_ENV_VAR",
     "STORE_PORT_ENV_VAR",
     "STORE_PREFIX_ENV_VAR",
+    "TERM_GRACE_S",
     "TIMELINE_ENV_VAR",
     "TIMELINE_MARK_CYCLES_ENV_VAR",
     "TORCHRUN_VARS",
@@ -186,6 +200,7 @@ __all__ = [
     "GpuUnavailableError",
     "LogConnection",
     "LogServer",
+    "ShippedScript",
     "Workers",
     "answer",
     "backend_name",
@@ -196,8 +211,10 @@ __all__ = [
     "connect_log",
     "data_plane",
     "decode_worker_error",
+    "die_with_parent",
     "dumps_with_user_code",
     "encode_worker_error",
+    "end_group",
     "find_worker_error",
     "forget_job",
     "free_port",
@@ -209,6 +226,7 @@ __all__ = [
     "hosted_store",
     "install_init_guard",
     "interface_addresses",
+    "is_script",
     "job_secret",
     "late_worker_env",
     "mac",
@@ -222,6 +240,7 @@ __all__ = [
     "route_address",
     "run_command",
     "script_command",
+    "signal_group",
     "signed_blob",
     "start_store_server",
     "stop_store_server",

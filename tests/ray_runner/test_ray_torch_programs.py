@@ -16,6 +16,7 @@ import pytest
 from _servers import local_ray
 
 from ringcore import WorkerError
+from ringcore.launch import ShippedScript
 
 ray = pytest.importorskip("ray")
 
@@ -28,7 +29,6 @@ from ray_runner import (  # noqa: E402
     RunConfig,
     ScalingConfig,
 )
-from ray_runner._script import Script  # noqa: E402
 
 SHARED_RAY = True  # on the suite's shared local Ray instance (tests/_servers.py local_ray)
 
@@ -121,7 +121,7 @@ def test_torch_programs_run_unchanged_on_ray_executor_as_a_function_then_as_a_sc
     failing.write_text(
         "import os, sys\nprint('rank', os.environ['RANK'])\nsys.exit(int(os.environ['RANK']) * 3)\n"
     )
-    elsewhere = Script(
+    elsewhere = ShippedScript(
         "/nowhere/on/this/node/prog.py", ("x",), b"import sys\nprint(sys.argv[1:])\n"
     )
     with RayExecutor(num_workers=2, placement_group_timeout_s=60) as executor:
