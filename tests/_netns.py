@@ -148,11 +148,12 @@ def kill_tree(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
             os.killpg(proc.pid, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace_s)
-        if not any(_alive(pid) for pid in tree[1:]) and proc.poll() is not None:
+        if not any(alive(pid) for pid in tree[1:]) and proc.poll() is not None:
             return
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"

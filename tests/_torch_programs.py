@@ -81,6 +81,16 @@ def _end_group() -> None:
     world.group_count = count
 
 
+def _sgd_steps(model: nn.Module, rank: int, world: int) -> None:
+    """STEPS steps of SGD on this rank's shard of the data (a DDP or FSDP2 module)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = _data(rank, world)
+    for _ in range(STEPS):
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+
 def _result(world_size: int, rank: int, fingerprint: str, start: float) -> dict[str, Any]:
     return {
         "world_size": world_size,
@@ -102,12 +112,7 @@ def ddp() -> dict[str, Any]:
     model = nn.parallel.DistributedDataParallel(
         nn.Sequential(nn.Linear(FEATURES, 16), nn.ReLU(), nn.Linear(16, 1))
     )
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    x, y = _data(rank, world)
-    for _ in range(STEPS):
-        opt.zero_grad()
-        nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
+    _sgd_steps(model, rank, world)
     return _result(world, rank, digest(model.module.named_parameters()), start)
 
 
@@ -143,12 +148,7 @@ def fsdp2() -> dict[str, Any]:
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    x, y = _data(rank, world)
-    for _ in range(STEPS):
-        opt.zero_grad()
-        nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
+    _sgd_steps(model, rank, world)
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     return _result(world, rank, digest(full.items()), start)
 

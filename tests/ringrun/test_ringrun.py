@@ -16,6 +16,7 @@ import sys
 import time
 
 import pytest
+from _netns import alive
 from _reliability import record
 
 import ringrun
@@ -162,14 +163,6 @@ def _wait_for_lines(proc: subprocess.Popen, word: str, count: int, timeout: floa
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.reliability(fault="Ctrl-C to ringrun", category="fault")
 @pytest.mark.parametrize("where", ["local", "ssh"])
 def test_ctrl_c_ends_every_rank_and_the_processes_they_started(tmp_path, fake_ssh, where):
@@ -183,13 +176,13 @@ def test_ctrl_c_ends_every_rank_and_the_processes_they_started(tmp_path, fake_ss
         lines = _wait_for_lines(proc, "grandchild", 2, timeout=30)
         assert len(lines) == 2, proc.stderr.read() if proc.poll() is not None else lines
         pids = [int(line.split()[-1]) for line in lines]
-        assert all(_alive(p) for p in pids)
+        assert all(alive(p) for p in pids)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 130
         deadline = time.monotonic() + 10
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        while any(alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(_alive(p) for p in pids), "a grandchild outlived ringrun"
+        assert not any(alive(p) for p in pids), "a grandchild outlived ringrun"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
