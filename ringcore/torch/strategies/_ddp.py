@@ -1,0 +1,36 @@
+"""``ddp``: torch's ``DistributedDataParallel`` on the job's process group."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from ._base import Prepared, Strategy
+from ._group import device_of, ensure_process_group
+
+
+class DdpStrategy(Strategy):
+    name = "ddp"
+
+    def prepare(
+        self, model: Any, optimizer: Any = None, *, config: Any = None,
+        backward_passes_per_step: int = 1,
+    ) -> Prepared:  # fmt: skip
+        from torch.nn.parallel import DistributedDataParallel
+
+        ensure_process_group()
+        device = device_of(model)
+        ids = [device.index if device.index is not None else 0] if device.type == "cuda" else None
+        if not any(p.requires_grad for p in model.parameters()):
+            raise ValueError(
+                f"strategy='ddp' needs a model with trainable parameters; "
+                f"{type(model).__name__} has none"
+            )
+        wrapped = DistributedDataParallel(model, device_ids=ids)  # broadcasts rank 0's state
+        return Prepared(self, wrapped, model, optimizer)
+
+    @contextlib.contextmanager
+    def no_sync(self, run: Prepared) -> Iterator[None]:
+        with run.model.no_sync():
+            yield
