@@ -3,16 +3,21 @@
 it; both stopped at the end (the server by PID, with the Python workers it started).
 
 Used by tests/spark_runner/test_spark_connect.py (spark_runner on Connect) and
-tests/estimators/test_estimator_connect.py (RingEstimator on Connect); no conftest, so each module
-starts one server of its own for as long as it runs.
+tests/estimators/test_estimator_connect.py (RingEstimator on Connect). Both run on one
+``local[2]`` server, :func:`shared_server` (``SHARED_CONNECT = True``: conftest.py runs
+those modules last, one after the other, and stops the server when the test process
+ends), which saves a server start and its Python workers' cold start; a server on
+another master is a module's own, for as long as it needs it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -100,3 +105,26 @@ def remote_session(url: str) -> Iterator[Any]:
         session.stop()
         if not had_mode:
             os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+
+
+_shared: dict[str, tuple[contextlib.ExitStack, str, Path]] = {}
+
+
+def shared_server(master: str = "local[2]") -> tuple[str, Path]:
+    """The test process's server on ``master`` (started on first use) and its working
+    directory: ``(sc:// URL, folder)``."""
+    if master not in _shared:
+        work = Path(tempfile.mkdtemp(prefix="ringtrain-connect-"))
+        stack = contextlib.ExitStack()
+        stack.callback(shutil.rmtree, work, True)
+        url = stack.enter_context(connect_server(work, master, name="ringtrain-tests-connect"))
+        _shared[master] = (stack, url, work)
+    _, url, work = _shared[master]
+    return url, work
+
+
+def stop_shared() -> None:
+    """Stops every shared server that runs (a no-op if none does)."""
+    while _shared:
+        stack, _, _ = _shared.popitem()[1]
+        stack.close()

@@ -27,11 +27,14 @@ def pytest_collection_modifyitems(session, config, items):
     shared Ray instance (``SHARED_RAY = True``, tests/_servers.py ``local_ray``) last
     among them and right after, then the rest, each group in its usual order: the
     session and the instance start once, not once per run of shared modules between
-    the others. Items of one module stay together."""
+    the others; the modules on the shared Spark Connect server (tests/_connect_server.py,
+    ``SHARED_CONNECT = True``) last. Items of one module stay together."""
 
     def group(item) -> int:
         module = getattr(item, "module", None)
         spark, ray = _on(module, "SHARED_SPARK"), _on(module, "SHARED_RAY")
+        if _on(module, "SHARED_CONNECT"):
+            return 4
         return 0 if spark and not ray else 1 if spark else 2 if ray else 3
 
     items.sort(key=group)  # a stable sort: each group keeps its order
@@ -57,8 +60,10 @@ def _shared_servers_end_before_the_other_modules(request):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    import _connect_server
     import _servers
     import _spark
 
     _spark.stop_shared()
     _servers.stop_shared_ray()
+    _connect_server.stop_shared()

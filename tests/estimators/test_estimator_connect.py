@@ -30,6 +30,7 @@ import spark_runner
 from estimators import RingEstimator, RingModel, Store
 
 pytestmark = pytest.mark.spark
+SHARED_CONNECT = True  # its server is tests/_connect_server.py's shared local[2] one
 
 ROWS = 256
 WEIGHTS = np.array([1.5, -2.0, 0.5, 1.0], dtype=np.float32)
@@ -44,15 +45,12 @@ def server_work(tmp_path_factory):
             f"pyspark {pyspark.__version__} ships no Spark Connect server jar (3.5's wheel "
             "has none); Connect is tested on the 4.x stacks"
         )
-    return tmp_path_factory.mktemp("estimator-connect-server")
+    return _connect_server.shared_server()[1]
 
 
 @pytest.fixture(scope="module")
 def connect_url(server_work):
-    with _connect_server.connect_server(
-        server_work, "local[2]", name="test_estimator_connect"
-    ) as url:
-        yield url
+    return _connect_server.shared_server()[0]  # the test process's (tests/_connect_server.py)
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ from spark_runner import is_connect
 from spark_runner._connect import CHUNK_BYTES
 
 pytestmark = pytest.mark.spark
+SHARED_CONNECT = True  # its local[2] server is tests/_connect_server.py's shared one
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,10 @@ def connect_server(request, tmp_path_factory):
     """A server on ``local[2]``, or on the master a test names with
     ``@pytest.mark.parametrize("connect_server", [master], indirect=True)`` (pytest stops
     the other server, and the session on it, before starting that one)."""
-    master = getattr(request, "param", "local[2]")
+    master = getattr(request, "param", None)
+    if master is None:  # the test process's local[2] server (tests/_connect_server.py)
+        yield _connect_server.shared_server()[0]
+        return
     work = tmp_path_factory.mktemp("spark-connect")
     with _connect_server.connect_server(work, master, name="test_spark_connect") as url:
         yield url
