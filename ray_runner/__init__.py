@@ -16,10 +16,11 @@ from ._elastic_executor import ElasticRayExecutor
 from ._errors import PlacementGroupTimeoutError, TrainingFailedError
 from ._executor import RayExecutor
 from ._mlflow_callback import MLflowLoggerCallback
+from ._model import full_state_dict, load_sharded, prepare_model, save_sharded
 from ._session import TrainContext, get_checkpoint, get_context, get_dataset_shard, report
 from ._settings import RaySettings
 from ._tbx_callback import TBXLoggerCallback
-from ._torch import get_device, prepare_data_loader, prepare_model
+from ._torch import get_device, prepare_data_loader
 from ._trainer import Result, RingTrainer
 
 __all__ = [
@@ -39,12 +40,15 @@ __all__ = [
     "TBXLoggerCallback",
     "TrainContext",
     "TrainingFailedError",
+    "full_state_dict",
     "get_checkpoint",
     "get_context",
     "get_dataset_shard",
     "get_device",
+    "load_sharded",
     "prepare_data_loader",
     "prepare_model",
     "ray_logger",
     "report",
+    "save_sharded",
 ]

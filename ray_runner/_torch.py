@@ -1,16 +1,10 @@
-"""Ray Train's ``ray.train.torch`` helpers on the ring: prepare_model, prepare_data_loader, get_device.
+"""Ray Train's ``ray.train.torch`` data helpers on the ring: prepare_data_loader, get_device.
 
 A Ray Train script ports by changing its imports::
 
     from ray_runner import prepare_model, prepare_data_loader, get_device
 
-``prepare_model`` is not DistributedDataParallel: it forms the ring (``ringcore.init()``)
-if the loop has not, moves the model to :func:`get_device`, broadcasts rank 0's
-parameters and buffers, and hooks every parameter so that its gradient is averaged
-over the ring (an async allreduce per gradient as backward produces it, all awaited at
-the end of backward). The model it returns is the same ``nn.Module`` (there is no
-``.module`` wrapper), and buffers (BatchNorm statistics) are not re-broadcast each step
-as DDP does; use ``ringcore.torch.SyncBatchNorm`` for synchronized statistics.
+``prepare_model`` and the state functions that go with it are in ``_model``.
 """
 
 from __future__ import annotations
@@ -18,10 +12,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["get_device", "prepare_data_loader", "prepare_model"]
+__all__ = ["get_device", "prepare_data_loader", "ring"]
 
 
-def _ring() -> Any:
+def ring() -> Any:
+    """``ringcore.torch``, the ring formed (``ringcore.init()``) if the loop has not."""
     import ringcore.torch as hvd
 
     if not hvd.is_initialized():
@@ -38,41 +33,6 @@ def get_device() -> Any:
     return torch.device("cpu")
 
 
-def prepare_model(model: Any, move_to_device: bool = True) -> Any:
-    """Rank 0's weights on every rank and gradients averaged over the ring (see module doc)."""
-    import torch
-
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"prepare_model takes a torch.nn.Module, got {type(model).__name__}")
-    hvd = _ring()
-    if move_to_device:
-        model = model.to(get_device())
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    if hvd.size() == 1 or getattr(model, "_ring_prepared", False):
-        return model
-    pending: list[int] = []
-
-    def wait_all() -> None:
-        while pending:
-            hvd.synchronize(pending.pop(0))
-
-    def hook(name: str):
-        def averaged(param: torch.Tensor) -> None:
-            if not pending:  # the first gradient of this backward: await them all at its end
-                torch.autograd.Variable._execution_engine.queue_callback(wait_all)
-            pending.append(
-                hvd.allreduce_async_(param.grad, op=hvd.Average, name=f"prepare_model.{name}")
-            )
-
-        return averaged
-
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            param.register_post_accumulate_grad_hook(hook(name))
-    model._ring_prepared = True
-    return model
-
-
 def prepare_data_loader(data_loader: Any, move_to_device: bool = True) -> Any:
     """The same loader with a ``DistributedSampler`` (this rank's share of the data), shuffled
     when the original was; batches moved to :func:`get_device` when it is a GPU.
@@ -83,7 +43,7 @@ def prepare_data_loader(data_loader: Any, move_to_device: bool = True) -> Any:
         raise TypeError(
             f"prepare_data_loader takes a torch DataLoader, got {type(data_loader).__name__}"
         )
-    hvd = _ring()
+    hvd = ring()
     if data_loader.batch_size is None:
         raise ValueError(
             "prepare_data_loader needs a DataLoader built with batch_size=... (got a "
