@@ -171,10 +171,12 @@ test-spark35-newest: $(S35_STAMP) build/pyspark-$(S35_NEWEST_PYSPARK)/.installed
 # Every benchmark (each writes bench/results/<name>.json with its commit, versions, load,
 # checks and targets; see bench/_common.py), then the figures of docs/status.md from those
 # JSONs (tools/bench_tables.py), then the device check (bench/gpu_check.sh: its own JSON,
-# not quoted in the docs). About 30 min on an idle 2-core machine; run it on a quiet
+# not quoted in the docs). About 30 min on an idle 2-core machine, and sharded's 350M
+# model about 45 min more (17 GB free memory); run it on a quiet
 # one. BENCH_ARGS=--quick: small sizes, for a smoke run (about 15 min: the Spark and Ray
 # peers' start-up is the floor). A failing script stops the run.
-BENCH_SCRIPTS := collectives training keras spark_launch estimator ray_trainer shm control_path data_rss
+BENCH_SCRIPTS := collectives training keras spark_launch estimator ray_trainer shm control_path data_rss \
+	sharded
 BENCH_ARGS ?=
 bench: $(STAMP)
 	set -e; for s in $(BENCH_SCRIPTS); do echo "== bench/$$s.py $(BENCH_ARGS)"; \
