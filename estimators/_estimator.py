@@ -175,6 +175,8 @@ class RingEstimator(EstimatorAccessors, Estimator, MLWritable, MLReadable["RingE
         loss_weights: float | Sequence[float] | None = None,
         loss_constructors: Any = None,
         train_minibatch_fn: Callable[..., Any] | None = None,
+        strategy: str = "ring",
+        fsdp_config: Any = None,
         gradient_compression: Any = "none",
         lr_scheduler: Any = None,
         lr_scheduler_interval: str = "epoch",

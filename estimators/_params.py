@@ -129,6 +129,14 @@ def _to_float(value: Any) -> float:
     return TypeConverters.toFloat(value)
 
 
+def _to_strategy(value: Any) -> str:
+    """A registered strategy's name (``ringcore.torch.strategies``); unknown: ValueError."""
+    from ringcore.torch.strategies import get_strategy
+
+    get_strategy(value)  # raises naming the known ones
+    return str(value)
+
+
 GRADIENT_COMPRESSIONS = ("none", "fp16")
 
 
@@ -228,6 +236,7 @@ _CONVERTER_TYPES: dict[Callable[[Any], Any], tuple[str, str]] = {
     _to_callables: ("Any", "list[Any]"),
     _to_float: ("float", "float"),
     _to_compression: ("Any", "str"),
+    _to_strategy: ("str", "str"),
     _to_precision: ("str | int", "str"),
     _to_env: ("dict[str, str]", "dict[str, str]"),
     _to_dict: ("dict[str, Any]", "dict[str, Any]"),
@@ -275,6 +284,8 @@ ESTIMATOR_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("loss_weights", _to_floats, None, "torch: per label column, the weight of its loss in the sum (Horovod's loss_weights); default: 1 each"),
     ParamSpec("loss_constructors", _to_callables, None, "torch: per label column (or one for all), a function of no arguments returning its loss, called on every worker (Horovod's); instead of loss"),
     ParamSpec("train_minibatch_fn", _to_callable, None, "torch: Horovod's train_minibatch(model, optimizer, transform_outputs, loss_fn, inputs, labels, sample_weights, backward_passes_per_step, batch_idx) -> (outputs, loss), doing the forward, backward and optimizer steps of one batch"),
+    ParamSpec("strategy", _to_strategy, "ring", "torch: how the model is trained across the processes: 'ring' (Horovod's: whole replicas, gradients averaged by the ring), 'ddp' (torch DistributedDataParallel) or 'fsdp' (FSDP2: parameters, gradients and optimizer state sharded; sharded checkpoints)"),
+    ParamSpec("fsdp_config", _any, None, "torch, strategy='fsdp': a dict (or ringcore.torch.strategies.FsdpConfig) of param_dtype, reduce_dtype, reshard_after_forward, cpu_offload, shard_modules; default: FSDP2's defaults, each ModuleList's modules a unit"),
     ParamSpec("gradient_compression", _to_compression, "none", "torch: gradients on the wire: 'none' or 'fp16' (or ringcore.torch.Compression.none / .fp16)"),
     ParamSpec("lr_scheduler", _any, None, "torch: a torch.optim.lr_scheduler built on the optimizer, or fn(optimizer) -> scheduler; rebuilt on every worker's optimizer"),
     ParamSpec("lr_scheduler_interval", _str, "epoch", "torch: lr_scheduler.step() after every 'epoch' or every optimizer 'step'; ReduceLROnPlateau gets the monitor metric each epoch"),

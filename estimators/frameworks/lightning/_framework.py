@@ -57,6 +57,14 @@ def is_lightning_module(model: Any) -> bool:
     return False
 
 
+_RING_STRATEGY_ONLY = (
+    "a LightningModule trains on ringtrain's RingStrategy (whole replicas, gradients "
+    "averaged by the ring); Lightning's own ddp and fsdp strategies on the job's process "
+    "group are not offered yet. For DDP or FSDP2, train the module's network as a "
+    "torch.nn.Module with strategy='ddp' or 'fsdp'"
+)
+
+
 class LightningFramework(TorchFramework):
     """The LightningModule framework (see the module docstring)."""
 
@@ -74,6 +82,8 @@ class LightningFramework(TorchFramework):
     def instead(self, name: str) -> str | None:
         if name == "checkpoint_callback":
             return _CHECKPOINT_CALLBACK
+        if name in ("strategy", "fsdp_config"):
+            return _RING_STRATEGY_ONLY
         return _ON_ITS_TRAINER if name in TORCH_PARAMS else None
 
     def check_params(self, model: Any, optimizer: Any, loss: Any, metrics: Any) -> None:

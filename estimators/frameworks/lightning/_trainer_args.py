@@ -35,7 +35,7 @@ LIGHTNING_PARAMS: dict[str, Any] = {
 
 # trainer_args ringtrain sets itself, and what to use instead.
 RESERVED_TRAINER_ARGS: dict[str, str] = {
-    "strategy": "every rank runs one Trainer on ringtrain's RingStrategy; size the job with num_proc",
+    "strategy": "every rank runs one Trainer on ringtrain's RingStrategy (Lightning's own ddp and fsdp on the job's process group are not offered yet; for DDP or FSDP2 train a torch.nn.Module with RingEstimator(strategy='ddp' or 'fsdp')); size the job with num_proc",
     "devices": "every rank trains on one device; size the job with num_proc",
     "num_nodes": "the ranks are the Spark tasks; size the job with num_proc",
     "accelerator": "use use_gpu=True / False",

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
+
+from ringcore.torch.strategies import FsdpConfig, get_strategy
 
 from ._metrics import resolve_metrics
 
@@ -30,6 +32,8 @@ class TorchConfig:
     loss_weights: list[float] | None = None
     loss_constructors: list[Any] | None = None
     train_minibatch_fn: Any = None
+    strategy: str = "ring"
+    fsdp_config: Any = None  # an FsdpConfig once resolved
     gradient_compression: str = "none"
     lr_scheduler: Any = None
     lr_scheduler_interval: str = "epoch"
@@ -179,6 +183,47 @@ def _check_step(config: TorchConfig, use_gpu: bool) -> None:
                 )
 
 
+_RING_ONLY = {
+    "gradient_compression": (
+        "compresses the ring's gradient allreduce; ddp and fsdp reduce in torch's own "
+        "collectives (fsdp: fsdp_config={'reduce_dtype': 'bfloat16'})"
+    ),
+    "train_minibatch_fn": (
+        "is Horovod's, written against its DistributedOptimizer (synchronize(), "
+        "skip_synchronize(), backward passes counted by the optimizer)"
+    ),
+}
+
+
+def _check_strategy(config: TorchConfig, cfg: Any) -> TorchConfig:
+    """The strategy can train this model with these knobs; fsdp_config resolved."""
+    strategy = get_strategy(config.strategy)  # unknown: ValueError naming the known ones
+    strategy.check(cfg.model, config.fsdp_config)  # fsdp_config for another strategy, ...
+    if config.strategy == "ring":
+        return config
+    for name, why in _RING_ONLY.items():
+        if getattr(config, name) != getattr(_DEFAULTS, name):
+            raise ValueError(
+                f"{name}={getattr(config, name)!r} needs strategy='ring', but strategy="
+                f"{config.strategy!r}: {name} {why}. Unset {name} or use strategy='ring'."
+            )
+    if not strategy.sharded:
+        return config
+    if config.precision == "16":
+        raise ValueError(
+            "precision='16' (float16 autocast with a GradScaler) is not offered with "
+            "strategy='fsdp'; use precision='bf16', or fsdp_config={'param_dtype': "
+            "'bfloat16'} for FSDP2's own mixed precision."
+        )
+    if any(cfg.optimizer.state.values()):
+        raise ValueError(
+            f"the {type(cfg.optimizer).__name__} given has stepped (it holds state), and "
+            "strategy='fsdp' rebuilds the optimizer over the sharded parameters, which would "
+            "lose it; pass a fresh optimizer (resume from a run's checkpoint with run_id)."
+        )
+    return replace(config, fsdp_config=FsdpConfig.of(config.fsdp_config))
+
+
 def torch_config(params: Mapping[str, Any], cfg: Any) -> TorchConfig:
     """The torch loop's params of a fit, checked (see the module docstring)."""
     config = TorchConfig(**{f.name: params[f.name] for f in fields(TorchConfig)})
@@ -187,4 +232,4 @@ def torch_config(params: Mapping[str, Any], cfg: Any) -> TorchConfig:
     _check_monitor(config, list(cfg.metrics), labels, cfg.validation)
     _check_scheduler(config, cfg.optimizer)
     _check_step(config, cfg.use_gpu)
-    return config
+    return _check_strategy(config, cfg)

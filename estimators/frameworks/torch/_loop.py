@@ -1,18 +1,25 @@
 """The torch training loop every worker runs: ``train(spec)``, in small named steps.
 
-1. ``ringcore.init()``; rebuild the model, the optimizer in ``DistributedOptimizer``,
-   the losses and the callbacks from the spec (``_task.rebuild``).
-2. Resume from the run's checkpoint when there is one (rank 0 reads it), then
-   broadcast parameters and optimizer state from rank 0.
+1. ``ringcore.init()``; rebuild the model, the optimizer (in ``DistributedOptimizer``
+   under ``strategy='ring'``), the losses and the callbacks from the spec
+   (``_task.rebuild``).
+2. Resume from the run's checkpoint when there is one (rank 0 reads it), then apply
+   the strategy (``_task.prepare``: rank 0's state on every rank; the DDP wrapper or
+   the FSDP2 shards; a sharded checkpoint loaded on every rank).
 3. Each epoch: ``steps_per_epoch`` steps on this rank's shard (the same count on
-   every rank, ``_step``), then validation on the whole validation shard; sums and
-   row counts are allreduced once, so the metrics are averages over every row.
-4. Rank 0 writes the checkpoint and the history to the Store after every epoch and
-   returns the history; the other ranks return None.
+   every rank, ``_step``; the passes that do not step run under ``no_sync``), then
+   validation on the whole validation shard (under fsdp, whose forward is a
+   collective, a rank with fewer validation batches runs uncounted forwards until the
+   others are done); sums and row counts are allreduced once, so the metrics are
+   averages over every row.
+4. After every epoch the checkpoint and the history go to the Store (``_task``: rank
+   0's whole state, or every rank's shard under fsdp); rank 0 returns the history, the
+   other ranks None.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -36,7 +43,7 @@ from ._progress import abort_progress
 from ._schedule import best_and_wait
 from ._spec import TorchSpec
 from ._step import batch_totals, forward, minibatch_totals, optimizer_step, step_totals, width
-from ._task import Task, rebuild, restore, save_checkpoint
+from ._task import Task, prepare, rebuild, restore, save_checkpoint
 
 __all__ = ["train"]
 
@@ -46,9 +53,9 @@ def train(spec: TorchSpec) -> list[dict[str, Any]] | None:
     hvd.init()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
     task = rebuild(spec)
-    start_epoch, history = restore(task, spec)
-    hvd.broadcast_parameters(task.model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(task.optimizer, root_rank=0)
+    resume = restore(task, spec)
+    prepare(task, spec, resume)
+    start_epoch, history = resume.epoch, resume.history
     rank, size = hvd.rank(), hvd.size()
     with data_paths(spec.store, spec.train_path, spec.val_path) as (train_path, val_path):
         val_data = load_validation(spec, val_path, rank, size)
@@ -68,10 +75,13 @@ def _train_epoch(task: Task, spec: TorchSpec, batches: Iterator[dict[str, Any]])
             if step + 1 == last:  # as Horovod's loop: the last step after the fn
                 optimizer_step(task)
         else:
-            loss, row = step_totals(task, spec, batch)
-            (task.scaler.scale(loss) if task.scaler is not None else loss).backward()
-            if (step + 1) % every == 0 or step + 1 == last:
+            stepping = (step + 1) % every == 0 or step + 1 == last
+            with contextlib.nullcontext() if stepping else task.run.no_sync():
+                loss, row = step_totals(task, spec, batch)
+                (task.scaler.scale(loss) if task.scaler is not None else loss).backward()
+            if stepping:
                 optimizer_step(task)
+        task.last_batch = batch
         totals += row
         if task.callbacks:
             loss_sum, rows = row[:2].tolist()  # a host sync, only when callbacks want it
@@ -83,13 +93,33 @@ def _evaluate(task: Task, spec: TorchSpec, data: ValidationShard | None) -> np.n
     totals = np.zeros(width(task, spec.label_cols))
     if data is None:
         return totals
-    task.model.eval()
+    module = task.run.module  # unwrapped: a DDP wrapper's forward would sync buffers
+    module.eval()
     with torch.no_grad():
         summed = torch.zeros(len(totals), dtype=torch.float64, device=task.device)
-        for batch in val_batches(spec, data):
-            outputs, targets, loss = forward(task, spec, batch)
+        batches = val_batches(spec, data)
+        while True:
+            batch = next(batches, None)
+            if task.run.sharded and not _more(batch is not None, task.device):
+                break
+            if batch is None and not task.run.sharded:
+                break
+            if batch is None:  # uncounted: another rank still validates
+                forward(task, spec, task.last_batch, module)
+                continue
+            outputs, targets, loss = forward(task, spec, batch, module)
             summed += batch_totals(task, outputs, targets, loss)
     return summed.cpu().numpy()
+
+
+def _more(mine: bool, device: torch.device) -> bool:
+    """Whether any rank has another validation batch (fsdp: every rank runs as many
+    forwards as the rank with the most, each one a collective)."""
+    import torch.distributed as dist
+
+    flag = torch.tensor([float(mine)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def _metric_names(task: Task, spec: TorchSpec) -> list[str]:
@@ -135,12 +165,13 @@ def _after_epoch(task: Task, entry: dict[str, Any], history: list[dict[str, Any]
     best, wait = best_and_wait(
         history, config.monitor, config.monitor_mode, config.early_stopping_min_delta
     )
-    if config.restore_best_weights and best == len(history) - 1 and hvd.rank() == 0:
-        state = task.model.state_dict()
-        task.best = {
-            "epoch": best + 1,
-            "model": {k: v.detach().cpu().clone() for k, v in state.items()},
-        }
+    if config.restore_best_weights and best == len(history) - 1:
+        state = task.run.full_state_dict()  # fsdp: a collective (every rank decides alike)
+        if hvd.rank() == 0:
+            task.best = {
+                "epoch": best + 1,
+                "model": {k: v.detach().cpu().clone() for k, v in state.items()},
+            }
     patience = config.early_stopping_patience
     stop = patience is not None and best is not None and wait >= patience
     stop = bool(hvd.broadcast_object(stop, root_rank=0, name="ringtrain.early_stop"))
@@ -175,8 +206,7 @@ def _run_epochs(
             entry["seconds"] = round(time.monotonic() - started, 3)
             history.append(entry)
             stop = _after_epoch(task, entry, history)
-            if rank == 0:
-                save_checkpoint(task, spec, epoch, history)
+            save_checkpoint(task, spec, epoch, history, final=stop or epoch + 1 == spec.epochs)
             task.callbacks.call("on_epoch_end", epoch, dict(entry))
             if stop:
                 break

@@ -3,8 +3,8 @@
 The totals of a batch are ``[loss * rows, rows, metric * rows, ...]`` as a float64
 tensor on the loss's device, so no step syncs with the host: the epoch's sums are read
 once, at its end. ``precision`` runs the forward and the loss under ``torch.autocast``;
-with ``gradient_clip_val`` the gradients are averaged first (``synchronize``), then
-clipped, then the optimizer steps without reducing again.
+with ``gradient_clip_val`` the gradients are made final first (under ring: averaged,
+``synchronize``), then clipped, then the optimizer steps without reducing again.
 """
 
 from __future__ import annotations
@@ -77,11 +77,15 @@ def _autocast(task: Task) -> Any:
     return torch.autocast(device_type=task.device.type, dtype=dtype)
 
 
-def forward(task: Task, spec: Any, batch: Batch) -> tuple[list, list, torch.Tensor]:
-    """``(outputs, targets, loss)`` of one batch."""
+def forward(
+    task: Task, spec: Any, batch: Batch, model: Any = None
+) -> tuple[list, list, torch.Tensor]:
+    """``(outputs, targets, loss)`` of one batch, through ``model`` (default: the
+    task's, the strategy's wrapper)."""
     inputs, labels, weight = _batch_tensors(task, spec, batch)
     with _autocast(task):
-        outputs = as_outputs(task.model(*inputs), len(spec.label_cols))
+        result = (model if model is not None else task.model)(*inputs)
+        outputs = as_outputs(result, len(spec.label_cols))
         targets = [as_target(o, label) for o, label in zip(outputs, labels, strict=True)]
         loss = _total_loss(task, outputs, targets, weight)
     return outputs, targets, loss
@@ -115,29 +119,37 @@ def minibatch_totals(
     return loss, batch_totals(task, outputs, targets, loss)
 
 
-def _clip(task: Task) -> None:
-    clip = task.config.gradient_clip_val
-    if clip is None:
-        return
-    params = [p for p in task.model.parameters() if p.grad is not None]
+def _clip(task: Task, clip: float) -> None:
+    """Clip the final gradients: by the whole model's norm (every fsdp shard counted,
+    ``Prepared.clip_grad_norm_``) or elementwise by value."""
     if task.config.gradient_clip_algorithm == "value":
+        params = [p for p in task.run.module.parameters() if p.grad is not None]
         torch.nn.utils.clip_grad_value_(params, clip)
     else:
-        torch.nn.utils.clip_grad_norm_(params, clip)
+        task.run.clip_grad_norm_(clip)
+
+
+def _no_second_reduce(opt: Any) -> Any:
+    """ringcore's DistributedOptimizer, its gradients already averaged: step without
+    reducing again; any other optimizer (ddp, fsdp: reduced in backward) as it is."""
+    skip = getattr(opt, "skip_synchronize", None)
+    return skip() if skip is not None else contextlib.nullcontext()
 
 
 def optimizer_step(task: Task) -> None:
-    """One optimizer step on the averaged gradients: with clipping, allreduce first
-    (``synchronize``), clip, then step without reducing again; with a GradScaler,
-    unscale before clipping. A per-step lr_scheduler steps after it."""
+    """One optimizer step on the averaged gradients: with clipping, the gradients made
+    final first (``Prepared.before_step``: the ring's ``synchronize``), clipped, then the
+    step without reducing again; with a GradScaler, unscale before clipping. A per-step
+    lr_scheduler steps after it."""
     opt, scaler = task.optimizer, task.scaler
     task.last_lr = float(opt.param_groups[0]["lr"])
-    if task.config.gradient_clip_val is not None:
-        opt.synchronize()  # type: ignore[attr-defined]  # ringcore's DistributedOptimizer
+    clip = task.config.gradient_clip_val
+    if clip is not None:
+        task.run.before_step()
         if scaler is not None:
             scaler.unscale_(opt)
-        _clip(task)
-        with opt.skip_synchronize():  # type: ignore[attr-defined]
+        _clip(task, clip)
+        with _no_second_reduce(opt):
             scaler.step(opt) if scaler is not None else opt.step()
     elif scaler is not None:
         scaler.step(opt)

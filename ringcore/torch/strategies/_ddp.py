@@ -28,9 +28,24 @@ class DdpStrategy(Strategy):
                 f"{type(model).__name__} has none"
             )
         wrapped = DistributedDataParallel(model, device_ids=ids)  # broadcasts rank 0's state
+        if optimizer is not None:
+            _same_optimizer_state(optimizer)
         return Prepared(self, wrapped, model, optimizer)
 
     @contextlib.contextmanager
     def no_sync(self, run: Prepared) -> Iterator[None]:
         with run.model.no_sync():
             yield
+
+
+def _same_optimizer_state(optimizer: Any) -> None:
+    """Rank 0's optimizer state (a resumed one) on every rank, as ring's
+    ``broadcast_optimizer_state`` (DDP broadcasts the module only)."""
+    import torch.distributed as dist
+
+    if dist.get_world_size() == 1:
+        return
+    state = [optimizer.state_dict() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(state, src=0)
+    if dist.get_rank() != 0:
+        optimizer.load_state_dict(state[0])

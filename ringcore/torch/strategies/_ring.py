@@ -33,7 +33,7 @@ class RingStrategy(Strategy):
 
     def before_step(self, run: Prepared) -> None:
         opt = run.optimizer
-        if opt is not None and hasattr(opt, "synchronize"):
+        if opt is not None and hasattr(opt, "synchronize") and not opt._synchronized:
             opt.synchronize()  # every gradient's allreduce done; step() then skips it
 
     def step(self, run: Prepared) -> None:
