@@ -1,7 +1,8 @@
 """What the multi-host tests share: two hosts as network namespaces on one bridge
 (``tests/_netns.py``), ranks started as plain processes on them, a host's link cut, and
-a Ray cluster over both. Used by tests/end_to_end/test_multihost.py (the main suite) and
-test_multihost_faults.py (the faults, whose waits run beside the main suite).
+a Ray cluster over both. Used by tests/end_to_end/test_multihost.py (runners, the
+estimator, ringrun, TensorFlow and MPI across hosts) and test_multihost_faults.py (a
+wrong interface, hosts cut or lost).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Faults across hosts (network namespaces on one bridge, ``tests/_multihost.py``): a
 wrong interface, a host partitioned or lost under a ring, an elastic RingTrainer that
-goes on without a partitioned host. Mostly waiting on timeouts, so `make test` runs this
-module beside the main suite (the Makefile's HOUSE_TESTS). Skipped where root or
-``ip netns`` is missing.
+goes on without a partitioned host. Mostly waiting on timeouts; `make test` runs it, as
+test_multihost.py, beside the main suite (the Makefile's HOUSE_TESTS). Skipped where
+root or ``ip netns`` is missing.
 """
 
 from __future__ import annotations
