@@ -45,7 +45,7 @@ MEMORY_GOAL = 0.6  # fsdp's peak RSS per rank <= 0.6x ddp's
 SPEED_GOAL = 0.9  # fsdp's samples/s >= 0.9x the hand-written FSDP2's
 RTOL = 1e-3  # final weights and loss against ddp's (reduction order differs)
 WORKER = pathlib.Path(__file__).resolve().parent / "_sharded_worker.py"
-FULL = {"layers": 24, "width": 1024, "heads": 16, "vocab": 50257, "seq": 128, "batch": 1}
+FULL = {"layers": 24, "width": 1024, "heads": 16, "vocab": 50257, "seq": 32, "batch": 1}
 QUICK = {"layers": 2, "width": 512, "heads": 8, "vocab": 16000, "seq": 32, "batch": 2}
 
 

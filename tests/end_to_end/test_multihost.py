@@ -340,6 +340,8 @@ def test_ring_estimator_fits_and_transforms_across_two_hosts(
     # mount or a FUSE volume would), as a path and as an fsspec URL
     store = Store.create(("file://" if url else "") + str(tmp_path / "store"))
     estimator = demo.make_estimator(store, epochs=3).setNumProc(4)  # 2 slots per host
+    if url:  # FSDP2 across the hosts: each rank's shard written where every host sees it
+        estimator.setStrategy("fsdp")
     train_df, test_df = demo.digits_frame(spark).randomSplit([0.8, 0.2], seed=demo.SEED)
     try:
         model = estimator.fit(train_df)
@@ -348,6 +350,11 @@ def test_ring_estimator_fits_and_transforms_across_two_hosts(
         raise AssertionError(f"{exc}\n{logs()}") from exc
     assert len(model.getHistory()) == 3
     assert accuracy >= 0.6, model.getHistory()
+    if url:  # the last epoch's folder (<fit>-<attempt>-<epoch>) holds one shard per rank
+        folders = (tmp_path / "store").glob("runs/*/sharded/*")
+        last = max(folders, key=lambda f: int(f.name.rsplit("-", 1)[1]))
+        shards = sorted(p.name for p in last.glob("*.distcp"))
+        assert shards == [f"__{r}_0.distcp" for r in range(4)], shards
 
 
 _RAY_DRIVER = """
