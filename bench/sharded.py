@@ -17,9 +17,10 @@ is the slowest rank's, its memory the larger rank's peak RSS (``ru_maxrss``: mod
 setup and training together). Checks: each side's final weights (sum |w|, shards summed)
 and mean last loss agree with ddp's, and every side ran on both ranks every round.
 Targets: fsdp's peak RSS <= 0.6x ddp's; fsdp's samples/s >= 0.9x the hand-written
-FSDP2's; and under a memory limit per worker that ddp's measured peak exceeds (12 bytes
-per parameter, a full replica plus its AdamW state, when fsdp's peak fits under it with
-10 % to spare; else the midpoint of the two peaks), ddp fails and fsdp trains. The limit
+FSDP2's; and under a memory limit per worker that ddp's measured peak exceeds (16 bytes
+per parameter, a full replica's parameters and gradients plus its AdamW state, when
+fsdp's peak fits under it with 10 % to spare; else the midpoint of the two peaks), ddp
+fails and fsdp trains. The limit
 is a cgroup per worker (bench/_memlimit.py says which kind and why; RLIMIT_AS where no
 memory cgroup is writable), recorded in the JSON with each side's outcome.
 ``--quick``: a 2-layer model, 1 round (seconds per launch), to test the script.
@@ -137,13 +138,18 @@ def _checks(sides: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _limit(parameters: int, sides: dict[str, dict[str, Any]]) -> tuple[int | None, str]:
-    """The per-worker limit: 12 B/parameter if fsdp fits under it with 10 % to spare,
-    else the midpoint of fsdp's and ddp's peaks; None if ddp's peak is not above it."""
-    fsdp = sides["fsdp"]["peak_rss_bytes"]["max"]
-    ddp = sides["ddp"]["peak_rss_bytes"]["min"]
-    replica = 12 * parameters
+    """The per-worker limit (whole bytes): 16 B/parameter — a full fp32 replica's
+    parameters and gradients plus AdamW's two states — if fsdp fits under it with 10 %
+    to spare, else the midpoint of fsdp's and ddp's peaks; None if ddp's peak is not
+    above it."""
+    fsdp = int(sides["fsdp"]["peak_rss_bytes"]["max"])
+    ddp = int(sides["ddp"]["peak_rss_bytes"]["min"])
+    replica = 16 * int(parameters)
     if fsdp * 1.1 <= replica < ddp:
-        return replica, "12 bytes per parameter: a full fp32 replica plus its AdamW state"
+        return replica, (
+            "16 bytes per parameter: a full fp32 replica (parameters and gradients) "
+            "plus its AdamW state (two fp32 moments)"
+        )
     mid = (fsdp + ddp) // 2
     if fsdp * 1.1 <= mid < ddp:
         return mid, "the midpoint of fsdp's and ddp's measured peak RSS"
@@ -268,7 +274,7 @@ def main() -> None:
     parameters = runs["ddp"][0][0]["parameters"]
     limit, why = _limit(parameters, sides)
     if args.limit_bytes:
-        limit, why = args.limit_bytes, f"--limit-bytes {args.limit_bytes} (given); rule: {why}"
+        limit, why = int(args.limit_bytes), f"--limit-bytes {args.limit_bytes} (given); rule: {why}"
     limited = None
     if limit is not None and not args.no_limit:
         limited = _under_limit(shape, step_args, limit, timeout)
