@@ -191,6 +191,8 @@ class RingEstimator(EstimatorAccessors, Estimator, MLWritable, MLReadable["RingE
         backend_env: dict[str, str] = {},  # noqa: B006 (a dict: the table default)
         custom_objects: dict[str, Any] = {},  # noqa: B006 (a dict: the table default)
         tensorflow_dataset_prefetch_buffer_size: int = 1,
+        tokenizer: Any = None,
+        max_length: int | None = None,
         checkpoint_callback: Any = None,
         **horovod_params: Any,
     ) -> None:

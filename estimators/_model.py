@@ -72,6 +72,14 @@ def _vectors_in(
     return predict_vectors
 
 
+def _shape_of(value: Any) -> list[int]:
+    """One row's shape: ``[n]`` for an array, ``[1]`` for a number, ``[]`` for a text
+    (a string, which the model's framework tokenizes)."""
+    if isinstance(value, list):
+        return [len(value)]
+    return [] if isinstance(value, str) else [1]
+
+
 @with_params(MODEL_PARAMS)
 class RingModel(ModelAccessors, Model, MLWritable, MLReadable["RingModel"]):
     """A model trained by :class:`RingEstimator`; ``transform`` appends its outputs.
@@ -103,6 +111,8 @@ class RingModel(ModelAccessors, Model, MLWritable, MLReadable["RingModel"]):
         feature_shapes: Any = None,
         store: Store | str | None = None,
         use_gpu: bool | None = None,
+        tokenizer: Any = None,
+        max_length: int | None = None,
     ) -> None:
         """Every param of ``MODEL_PARAMS`` as a keyword, defaults as in that table
         (tests/estimators/test_estimator_signature.py keeps them equal)."""
@@ -127,12 +137,13 @@ class RingModel(ModelAccessors, Model, MLWritable, MLReadable["RingModel"]):
         shapes = self.getFeatureShapes()
         if shapes is not None:
             return [list(s) for s in shapes]
-        first = df.select(*[feature_expr(df.schema[c]) for c in features]).first()
+        typed = framework_of(self.getModel()).typed_features
+        first = df.select(*[feature_expr(df.schema[c], typed=typed) for c in features]).first()
         if first is None:
             raise ValueError(
                 "feature_shapes is not set and the DataFrame is empty; set it with setFeatureShapes([[n], ...])."
             )
-        return [[len(first[c])] if isinstance(first[c], list) else [1] for c in features]
+        return [_shape_of(first[c]) for c in features]
 
     def _check(self, df: DataFrame, names: list[str]) -> Framework:
         """Check the columns against ``df``; returns the model's framework."""
@@ -140,7 +151,8 @@ class RingModel(ModelAccessors, Model, MLWritable, MLReadable["RingModel"]):
         if model is None:
             raise ValueError("this RingModel holds no model; set it with setModel(...).")
         framework = framework_of(model)
-        check_columns(df.schema, self._columns("feature_cols"), "feature", "setFeatureCols")
+        features, text = self._columns("feature_cols"), self.getTokenizer() is not None
+        check_columns(df.schema, features, "feature", "setFeatureCols", text=text)
         clash = [n for n in names if n in df.columns]
         if clash:
             raise ValueError(
@@ -166,9 +178,13 @@ class RingModel(ModelAccessors, Model, MLWritable, MLReadable["RingModel"]):
         # A feature column already as the model reads it (float, array<float>) is read
         # in place; others get a converted copy. Every column crosses to Python and back
         # (mapInArrow passes them through), so no column travels twice without need.
-        fields = [dataset.schema[c] for c in features]
-        staged = [f.name if is_staged_as_is(f) else _STAGED.format(i) for i, f in enumerate(fields)]
-        copies = [feature_expr(f, s) for f, s in zip(fields, staged, strict=True) if s != f.name]
+        fields, typed = [dataset.schema[c] for c in features], framework.typed_features
+        staged = [
+            f.name if is_staged_as_is(f, typed) else _STAGED.format(i) for i, f in enumerate(fields)
+        ]
+        copies = [
+            feature_expr(f, s, typed) for f, s in zip(fields, staged, strict=True) if s != f.name
+        ]
         inputs = dataset.select("*", *copies) if copies else dataset
         kinds, predict = self._predictor(framework, dataset, staged, names)
         vectors = [i for i, k in enumerate(self.getLabelKinds() or []) if k == "vector"]
@@ -187,6 +203,7 @@ class RingModel(ModelAccessors, Model, MLWritable, MLReadable["RingModel"]):
         """The output column types and the per-task ``mapInArrow`` function of the
         model's framework."""
         shapes = self._feature_shapes(dataset, self._columns("feature_cols"))
-        return framework.predictor(
-            self.getModel(), shapes, staged, len(dataset.columns), names, self.getUseGpu()
+        params = {spec.name: self.getOrDefault(spec.name) for spec in MODEL_PARAMS}
+        return framework.model_predictor(
+            self.getModel(), shapes, staged, len(dataset.columns), names, self.getUseGpu(), params
         )

@@ -300,6 +300,8 @@ ESTIMATOR_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("backend_env", _to_env, {}, "environment variables set in every worker process for the fit (Horovod's backend_env)"),
     ParamSpec("custom_objects", _to_dict, {}, "keras: custom layers, losses and metrics by name, for loading the model on the workers and the driver (Horovod's)"),
     ParamSpec("tensorflow_dataset_prefetch_buffer_size", _int, 1, "keras: batches the workers' tf.data pipeline prefetches; 0: none"),
+    ParamSpec("tokenizer", _any, None, "huggingface: a transformers tokenizer, sent to the workers: the string feature column is tokenized there (and in transform) into the model's inputs by name (input_ids, attention_mask, ...)"),
+    ParamSpec("max_length", _int, None, "huggingface: with tokenizer, pad and truncate every text to this many tokens; default: the tokenizer's model_max_length"),
     ParamSpec("checkpoint_callback", _any, None, "keras: a keras.callbacks.ModelCheckpoint (Horovod's); rank 0 runs it with its filepath set to <store>/runs/<run_id>/best.keras (or best.weights.h5) and fit returns the model it saved last (save_best_only=True: the best epoch by its monitor); default: the last epoch's"),
 )
 
@@ -314,6 +316,8 @@ MODEL_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("feature_shapes", _any, None, "per feature column, the shape of one row's value, e.g. [[64]]"),
     ParamSpec("store", _to_store, None, "the Store the model was trained in"),
     ParamSpec("use_gpu", _bool, None, "torch: transform() predicts on the task's GPU; None (default): when the task sees CUDA; True: a task without CUDA fails"),
+    ParamSpec("tokenizer", _any, None, "huggingface: the tokenizer transform() runs on the text feature column (the fit's)"),
+    ParamSpec("max_length", _int, None, "huggingface: with tokenizer, the tokens per text (the fit's); default: the tokenizer's model_max_length"),
 )
 # fmt: on
 

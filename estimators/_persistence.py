@@ -10,6 +10,8 @@ Layout under ``path`` (a local path or a URL Spark and fsspec both understand)::
     <path>/model/module.pkl   torch: cloudpickle of the module's *structure*, its tensors
                               on the ``meta`` device (no weights)
     <path>/model/model.keras  Keras: the model in Keras's own format
+    <path>/model/hf/          Hugging Face: save_pretrained (config.json, model.safetensors)
+    <path>/model/params.pkl   the model's object params, when set (a tokenizer), cloudpickled
 
 The framework (recorded in the metadata by name) writes and reads ``<path>/model/``
 (``estimators.frameworks``: ``Framework.save_model`` / ``load_model``), so a model of a
@@ -56,6 +58,7 @@ from .store._store import Store
 __all__ = ["RingEstimatorReader", "RingEstimatorWriter", "RingModelReader", "RingModelWriter"]
 
 FORMAT_VERSION = 1
+_PARAMS_FILE = "params.pkl"
 _JSON_PARAMS = (
     "history",
     "run_id",
@@ -65,7 +68,10 @@ _JSON_PARAMS = (
     "output_cols",
     "feature_shapes",
     "use_gpu",
+    "max_length",
 )
+# model params that are objects (a tokenizer): cloudpickled into <path>/model/params.pkl
+_PICKLED_PARAMS = ("tokenizer",)
 
 
 class RingModelWriter(MLWriter):
@@ -121,6 +127,12 @@ class RingModelWriter(MLWriter):
                 f"shared filesystem or an object store URL (s3://, gs://, ...).{_hint(path)}"
             )
         framework.save_model(module, path)  # under <path>/model/
+        objects = {
+            n: model.getOrDefault(n) for n in _PICKLED_PARAMS if model.getOrDefault(n) is not None
+        }
+        if objects:
+            with fsspec.open(posixpath.join(path, "model", _PARAMS_FILE), "wb") as f:
+                f.write(cloudpickle.dumps(objects))
 
 
 def _metadata_context(spark: Any) -> Any:
@@ -196,6 +208,10 @@ class RingModelReader(MLReader[Any]):
                 f"this client reaches it: a shared filesystem or an object store URL.{_hint(path)}"
             )
         module = framework.load_model(path)
+        fs, objects = fsspec.core.url_to_fs(posixpath.join(path, "model", _PARAMS_FILE))
+        if fs.exists(objects):
+            with fs.open(objects, "rb") as f:
+                params.update(cloudpickle.loads(f.read()))
         instance = self.cls(model=module, **params)
         if store is not None:
             instance.setStore(Store.create(store))
@@ -215,6 +231,7 @@ def _framework(path: str, name: str) -> Any:
 # --- the unfitted estimator --------------------------------------------------------------------
 
 ESTIMATOR_FORMAT_VERSION = 1
+_PARAMS_FILE = "params.pkl"
 _OBJECTS_FILE = "objects.pkl"
 
 

@@ -3,7 +3,10 @@
 Features and labels may be numeric scalars, arrays of numbers or Spark ML Vectors.
 Vectors and arrays become ``array<float>`` (one 2-D numpy array per batch on the
 workers); scalar features become ``float``; scalar labels keep integers as
-``bigint`` (class indices) and other numbers as ``float``. :func:`label_kinds` records
+``bigint`` (class indices) and other numbers as ``float``. For a framework whose models
+take typed inputs (``Framework.typed_features``: token ids) integer features keep
+integers instead (``bigint``, ``array<bigint>``: int64 on the workers), and a text
+feature column (strings, with ``tokenizer=``) stays a string column. :func:`label_kinds` records
 what each label column was (``"scalar"``, ``"array"`` or ``"vector"``) so that
 ``RingModel.transform`` gives Vector outputs for Vector labels.
 """
@@ -26,8 +29,10 @@ from pyspark.sql.types import (
     FloatType,
     FractionalType,
     IntegralType,
+    LongType,
     MapType,
     NumericType,
+    StringType,
     StructField,
     StructType,
     TimestampType,
@@ -42,6 +47,7 @@ __all__ = [
     "label_kinds",
     "read_columns",
     "selected_columns",
+    "text_columns",
     "validation_marker",
 ]
 
@@ -59,9 +65,21 @@ def _supported(dtype: DataType) -> bool:
     return isinstance(dtype, ArrayType) and _is_number(dtype.elementType)
 
 
-def check_columns(schema: StructType, columns: Sequence[str], role: str, setter: str) -> None:
+def text_columns(schema: StructType, columns: Sequence[str]) -> list[str]:
+    """The columns of ``columns`` that hold strings (text a tokenizer turns into ids)."""
+    return [
+        c
+        for c in columns
+        if c in schema.fieldNames() and isinstance(schema[c].dataType, StringType)
+    ]
+
+
+def check_columns(
+    schema: StructType, columns: Sequence[str], role: str, setter: str, text: bool = False
+) -> None:
     """Raise ValueError naming the first column of ``columns`` that ``schema`` lacks or
-    cannot feed a model. ``role`` is e.g. "feature"; ``setter`` the param's setter."""
+    cannot feed a model. ``role`` is e.g. "feature"; ``setter`` the param's setter;
+    ``text``: string columns are taken too (a tokenizer is set)."""
     present = schema.fieldNames()
     for name in columns:
         if not isinstance(name, str) or name not in present:
@@ -71,7 +89,7 @@ def check_columns(schema: StructType, columns: Sequence[str], role: str, setter:
                 f"to {name!r}, or pass existing names to {setter}(...)."
             )
         dtype = schema[name].dataType
-        if not _supported(dtype):
+        if not _supported(dtype) and not (text and isinstance(dtype, StringType)):
             raise ValueError(
                 f"{role} column {name!r} has type {dtype.simpleString()}; ringtrain trains on "
                 f"{_SUPPORTED}. {_conversion(name, dtype, setter)}"
@@ -104,6 +122,12 @@ def _conversion(name: str, dtype: DataType, setter: str) -> str:
             "Make it an array of numbers first (F.flatten for nested arrays, a cast or "
             "StringIndexer for strings)."
         )
+    if isinstance(dtype, StringType) and setter == "setFeatureCols":
+        return (
+            "Convert it first (e.g. StringIndexer, or VectorAssembler over numeric columns), "
+            f"then pass the new column to {setter}(...); a Hugging Face model tokenizes a "
+            "text column on the workers instead: pass tokenizer= (a transformers tokenizer)."
+        )
     if isinstance(dtype, (DateType, TimestampType)):
         return f"Make it a number first (e.g. F.unix_timestamp('{name}'))."
     return (
@@ -118,19 +142,37 @@ def _array_of_float(column: Column, dtype: DataType) -> Column:
     return column.cast(ArrayType(FloatType()))
 
 
-def feature_expr(field: StructField, name: str | None = None) -> Column:
+def _typed(dtype: DataType) -> DataType | None:
+    """What a typed-features framework reads ``dtype`` as, where it keeps it: integers
+    as ``bigint`` (arrays of them ``array<bigint>``), strings as they are; None: float."""
+    if isinstance(dtype, StringType):
+        return dtype
+    if isinstance(dtype, IntegralType):
+        return LongType()
+    if isinstance(dtype, ArrayType) and isinstance(dtype.elementType, IntegralType):
+        return ArrayType(LongType(), dtype.containsNull)
+    return None
+
+
+def feature_expr(field: StructField, name: str | None = None, typed: bool = False) -> Column:
     """``field`` as the workers read it: ``array<float>`` or ``float``, named ``name``
-    (default: the field's name)."""
+    (default: the field's name); ``typed``: integers and strings kept (:func:`_typed`)."""
     column = F.col(f"`{field.name}`")
+    kept = _typed(field.dataType) if typed else None
+    if kept is not None:
+        return column.cast(kept).alias(name or field.name)
     if _is_number(field.dataType):
         return column.cast("float").alias(name or field.name)
     return _array_of_float(column, field.dataType).alias(name or field.name)
 
 
-def is_staged_as_is(field: StructField) -> bool:
-    """Whether :func:`feature_expr` leaves ``field`` as it is (``float`` or ``array<float>``),
-    so a reader can take the column itself instead of a converted copy."""
+def is_staged_as_is(field: StructField, typed: bool = False) -> bool:
+    """Whether :func:`feature_expr` leaves ``field`` as it is (``float`` or ``array<float>``;
+    ``typed``: or what :func:`_typed` keeps), so a reader can take the column itself
+    instead of a converted copy."""
     dtype = field.dataType
+    if typed and _typed(dtype) is not None:
+        return _typed(dtype) == dtype
     if isinstance(dtype, ArrayType):
         return isinstance(dtype.elementType, FloatType)
     return isinstance(dtype, FloatType)
@@ -166,11 +208,15 @@ def read_columns(feature_cols: list[str], label_cols: list[str], weight: str | N
 
 
 def selected_columns(
-    schema: StructType, feature_cols: list[str], label_cols: list[str], weight: str | None
+    schema: StructType,
+    feature_cols: list[str],
+    label_cols: list[str],
+    weight: str | None,
+    typed: bool = False,
 ) -> list[tuple[str, str, Column]]:
     """``(role, name, expression)`` of every column the workers read, as they read it
     (the expressions both the data check and the Parquet writer select)."""
-    columns = [("feature", c, feature_expr(schema[c])) for c in feature_cols]
+    columns = [("feature", c, feature_expr(schema[c], typed=typed)) for c in feature_cols]
     columns += [("label", c, label_expr(schema[c])) for c in label_cols]
     if weight is not None:
         columns.append(("sample weight", weight, F.col(f"`{weight}`").cast("float").alias(weight)))

@@ -33,6 +33,7 @@ def build_model(
         store=cfg.store,
         use_gpu=use_gpu,
     )
+    model._set(**cfg.framework.model_params(cfg))  # e.g. the tokenizer transform runs
     if cfg.label_kinds is not None:  # Vector labels give Vector outputs (RingModel.transform)
         model.setLabelKinds(cfg.label_kinds)
     log_model_to_mlflow(cfg.framework, model.getModel())  # when an MLflow run is active

@@ -45,6 +45,7 @@ def _cache_key(df: DataFrame, cfg: FitConfig) -> tuple[Any, ...]:
         cfg.num_proc,
         cfg.partitions_per_process,
         resolve_reader(cfg.reader),
+        cfg.framework.typed_features,  # integer features as int64, or as float32
     )
 
 

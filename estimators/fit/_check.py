@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, FractionalType
+from pyspark.sql.types import ArrayType, FractionalType, IntegralType, StringType
 
 from ringcore.data import to_numpy_columns
 
@@ -121,11 +121,17 @@ def _raise_for_rows(stats: dict[str, Any], cfg: Any) -> None:
 
 
 def _batch_of(rows: list[Any], fields: list[Any]) -> dict[str, np.ndarray]:
-    """``{column: ndarray}`` as the workers' readers give it (float32, int64, 2-D arrays)."""
+    """``{column: ndarray}`` as the workers' readers give it (float32, int64, 2-D arrays,
+    strings as objects)."""
     batch = {}
     for field in fields:
         values = [r[field.name] for r in rows]
-        integral = field.dataType.typeName() in ("long", "integer", "short", "byte")
+        dtype = field.dataType
+        inner = dtype.elementType if isinstance(dtype, ArrayType) else dtype
+        if isinstance(inner, StringType):
+            batch[field.name] = np.asarray(values, dtype=object)
+            continue
+        integral = isinstance(inner, IntegralType)
         batch[field.name] = np.asarray(values, dtype=np.int64 if integral else np.float32)
     return batch
 
@@ -133,7 +139,10 @@ def _batch_of(rows: list[Any], fields: list[Any]) -> dict[str, np.ndarray]:
 def _scan(df: DataFrame, cfg: FitConfig) -> dict[str, np.ndarray] | None:
     """One Spark job over the columns fit reads: rows, nulls, NaNs, array lengths.
     Raises ValueError naming the column; returns two rows as a first batch."""
-    selected = selected_columns(df.schema, cfg.feature_cols, cfg.label_cols, cfg.sample_weight_col)
+    selected = selected_columns(
+        df.schema, cfg.feature_cols, cfg.label_cols, cfg.sample_weight_col,
+        typed=cfg.framework.typed_features,
+    )  # fmt: skip
     exprs = [expr for _, _, expr in selected]
     validation = isinstance(cfg.validation, str)
     if isinstance(cfg.validation, str):

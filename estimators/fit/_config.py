@@ -66,6 +66,7 @@ class FitConfig:
     parquet_writer: str = "spark"  # who writes the Parquet (data/_parquet_writer.py)
     run_params: dict[str, Any] = field(default_factory=dict)  # what it trains (store/_runs.py)
     label_kinds: list[str] | None = None  # per label column, as in the DataFrame (data/_columns)
+    text_cols: list[str] = field(default_factory=list)  # feature columns of strings (tokenizer=)
     framework_config: Any = None  # the framework's own part (Framework.resolve)
 
 

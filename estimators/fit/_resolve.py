@@ -33,7 +33,7 @@ from spark_runner import default_num_proc, is_connect
 
 from .._callbacks import check_callbacks
 from .._params import ESTIMATOR_PARAMS
-from ..data._columns import label_kinds
+from ..data._columns import label_kinds, text_columns
 from ..data._parquet_writer import pick_writer
 from ..frameworks._base import Framework
 from ..frameworks._registry import framework_of, get_framework, registered_frameworks
@@ -290,4 +290,5 @@ def _config(
         use_gpu=_resolve_use_gpu(est.getUseGpu()),
         backend_env=dict(est.getOrDefault("backend_env") or {}),
         label_kinds=label_kinds(df.schema, est.getLabelCols()) if df is not None else None,
+        text_cols=text_columns(df.schema, est.getFeatureCols()) if df is not None else [],
     )

@@ -12,7 +12,7 @@ from typing import Any
 
 from pyspark.sql.types import BooleanType, IntegralType, NumericType, StructType
 
-from ..data._columns import check_columns
+from ..data._columns import check_columns, text_columns
 
 __all__ = ["check_schema"]
 
@@ -35,7 +35,15 @@ def check_schema(est: Any, schema: StructType) -> None:
         dupes = sorted({c for c in cols if cols.count(c) > 1})
         if dupes:
             raise ValueError(f"{what} names {', '.join(dupes)} more than once.")
-    check_columns(schema, features, "feature", "setFeatureCols")
+    tokenizer = est.getTokenizer()
+    check_columns(schema, features, "feature", "setFeatureCols", text=tokenizer is not None)
+    if tokenizer is not None and not text_columns(schema, features):
+        raise ValueError(
+            f"tokenizer={type(tokenizer).__name__} is set but no feature column holds text: "
+            f"feature_cols {features} are {', '.join(schema[c].dataType.simpleString() for c in features)}. "
+            "Add the string column to tokenize to feature_cols, or unset tokenizer "
+            "(setTokenizer(None)) for columns of token ids."
+        )
     check_columns(schema, labels, "label", "setLabelCols")
     _check_extra_columns(est, schema, set(features) | set(labels))
 

@@ -108,7 +108,10 @@ def _feature_shapes(store: Store, path: str, feature_cols: list[str]) -> list[li
     first = to_numpy_columns(
         store.parquet_dataset(path).head(1, columns=feature_cols), feature_cols
     )
-    return [list(first[c].shape[1:]) or [1] for c in feature_cols]
+    # a text column (strings) has no shape of its own: [] (a number: [1])
+    return [
+        [] if first[c].dtype == object else list(first[c].shape[1:]) or [1] for c in feature_cols
+    ]
 
 
 def _check_parquet_columns(cfg: FitConfig, paths: list[str]) -> None:
@@ -155,7 +158,9 @@ def describe_stored(cfg: FitConfig, train_path: str, val_path: str | None) -> Pr
 def _split(df: DataFrame, cfg: FitConfig) -> tuple[DataFrame, DataFrame | None]:
     """The selected columns of the training rows and of the validation rows (or None)."""
     schema, weight = df.schema, cfg.sample_weight_col
-    columns = [e for _, _, e in selected_columns(schema, cfg.feature_cols, cfg.label_cols, weight)]
+    typed = cfg.framework.typed_features
+    chosen = selected_columns(schema, cfg.feature_cols, cfg.label_cols, weight, typed)
+    columns = [e for _, _, e in chosen]
     if isinstance(cfg.validation, str):
         marked = validation_marker(cfg.validation)
         return df.filter(~marked).select(*columns), df.filter(marked).select(*columns)

@@ -5,7 +5,8 @@ reads, its training loop on the workers, its checkpoints, prediction, saving and
 MLflow flavour; the estimator finds a model's framework through the registry
 (:func:`framework_of`) and never branches on one. Built in: ``torch`` (an
 ``nn.Module``), ``lightning`` (a LightningModule, under a real ``lightning.Trainer``)
-and ``keras`` (a Keras 3 model). Another is one folder and one register call::
+``keras`` (a Keras 3 model) and ``huggingface`` (a ``transformers.PreTrainedModel``, in
+the torch loop, called by name). Another is one folder and one register call::
 
     from estimators.frameworks import Framework, register_framework
 
@@ -27,6 +28,7 @@ from ..data._spec import DataSpec, data_spec_fields
 from ..data._spec import writer as checkpoint_writer
 from ._base import Framework, Predictor
 from ._registry import framework_of, get_framework, register_framework, registered_frameworks
+from .huggingface import HuggingFaceFramework, is_hf_model
 from .keras import KerasFramework, is_keras_model
 from .lightning import LightningFramework, is_lightning_module
 from .torch import TorchFramework, is_torch_module
@@ -49,3 +51,9 @@ register_framework(
     "lightning", LightningFramework, detect=is_lightning_module, takes="a LightningModule"
 )
 register_framework("keras", KerasFramework, detect=is_keras_model, takes="a keras.Model")
+register_framework(
+    "huggingface",
+    HuggingFaceFramework,
+    detect=is_hf_model,
+    takes="a transformers.PreTrainedModel",
+)

@@ -8,6 +8,9 @@ methods on the framework the registry finds for the model (``_registry``) and ne
 compare framework names. A new framework subclasses :class:`Framework`, overrides what
 its models need (at least :meth:`~Framework.worker`, :meth:`~Framework.load_checkpoint`
 and :meth:`~Framework.predictor`) and is registered with ``register_framework``.
+``RingModel.transform`` calls :meth:`~Framework.model_predictor` (by default
+:meth:`~Framework.predictor`), which also gets the ``RingModel``'s params (a tokenizer
+the fit set through :meth:`~Framework.model_params`).
 
 ``cfg`` below is the fit's ``FitConfig`` (``estimators/fit/_config.py``), ``data`` its
 ``PreparedData``; ``cfg.framework_config`` holds what :meth:`Framework.resolve` returned.
@@ -32,6 +35,9 @@ class Framework:
     name: str = ""
     #: whether the ``model`` param travels to the workers by cloudpickle (checked before any job)
     pickles_model: bool = True
+    #: its models take typed inputs: integer feature columns reach them as int64 (token
+    #: ids) and text columns as strings, instead of every feature as float32 (``data/_columns``)
+    typed_features: bool = False
     #: the estimator params only this framework reads, each with the value that means unset;
     #: one set for a model of another framework is refused before any job (:meth:`refusal`)
     params: Mapping[str, Any] = MappingProxyType({})
@@ -98,6 +104,11 @@ class Framework:
         """The trained model from the run's final checkpoint in the store."""
         raise self._missing("load its checkpoints")
 
+    def model_params(self, cfg: Any) -> dict[str, Any]:
+        """The ``RingModel`` params (``MODEL_PARAMS``) this framework's fit sets beyond
+        the generic ones, e.g. what ``transform`` needs to call the model the same way."""
+        return {}
+
     def predictor(
         self,
         model: Any,
@@ -108,8 +119,23 @@ class Framework:
         use_gpu: bool | None,
     ) -> tuple[list[Any], Predictor]:
         """The Spark type of each output column and the per-task ``mapInArrow`` function
-        (the first ``keep`` columns pass through; ``staged`` are the model's inputs)."""
+        (the first ``keep`` columns pass through; ``staged`` are the model's inputs, one
+        per feature column in order)."""
         raise self._missing("predict")
+
+    def model_predictor(
+        self,
+        model: Any,
+        shapes: list[list[int]],
+        staged: list[str],
+        keep: int,
+        names: list[str],
+        use_gpu: bool | None,
+        params: Mapping[str, Any],
+    ) -> tuple[list[Any], Predictor]:
+        """What ``RingModel.transform`` calls: :meth:`predictor`, for a framework that
+        also reads the ``RingModel``'s ``params`` (by name: a tokenizer) to predict."""
+        return self.predictor(model, shapes, staged, keep, names, use_gpu)
 
     def save_model(self, model: Any, path: str) -> None:
         """Write the model under ``<path>/model/`` (``RingModel.save``)."""

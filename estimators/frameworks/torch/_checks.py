@@ -16,13 +16,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._calling import ModelCall
 from ._losses import per_row_loss
-from ._tensors import as_outputs, as_target, to_inputs
+from ._tensors import as_target, tensor
 
 __all__ = ["check_first_batch", "check_torch_params"]
 
 
-def check_torch_params(model: Any, optimizer: Any, loss: Any) -> None:
+def check_torch_params(model: Any, optimizer: Any, loss: Any, own_loss: bool = False) -> None:
+    """The optimizer is built on ``model``'s parameters; the loss is callable (unless the
+    model computes its own: ``own_loss``)."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ValueError(
             f"optimizer must be a torch.optim.Optimizer built on model.parameters(), got "
@@ -34,6 +37,14 @@ def check_torch_params(model: Any, optimizer: Any, loss: Any) -> None:
         raise ValueError(
             f"the optimizer holds {foreign} parameter(s) that are not in the model; build it on "
             "model.parameters() of the model you pass as model."
+        )
+    if own_loss:
+        return
+    if loss is None:
+        raise ValueError(
+            f"loss is not set (loss=None), and the model {type(model).__name__} computes no "
+            "loss of its own (only a Hugging Face model with a head does, given labels=). Set "
+            "one with setLoss(torch.nn.CrossEntropyLoss()), for example."
         )
     if not callable(loss):
         raise ValueError(
@@ -103,27 +114,43 @@ def _transformed(cfg: Any, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray
         ) from exc
 
 
-def check_first_batch(cfg: Any, batch: dict[str, np.ndarray]) -> None:
-    """Run ``batch`` (a few rows) through ``transformation_fn``, the model and the loss."""
+def _shapes_of(inputs: Any) -> str:
+    """``2 input(s) of shape (2, 4), (2, 1)``; by name: ``input_ids of shape (2, 8), ...``."""
+    args, kwargs = inputs
+    shapes = [f"{k} of shape {tuple(v.shape)}" for k, v in kwargs.items()]
+    if args:
+        listed = ", ".join(str(tuple(t.shape)) for t in args)
+        shapes.insert(0, f"{len(args)} input(s) of shape {listed}")
+    return ", ".join(shapes)
+
+
+def check_first_batch(
+    cfg: Any, batch: dict[str, np.ndarray], call: ModelCall | None = None
+) -> None:
+    """Run ``batch`` (a few rows) through ``transformation_fn``, the model (as ``call``
+    calls it) and the loss (the ``loss`` param's, or the model's own)."""
+    call = call or ModelCall()
     batch = _transformed(cfg, batch)
     model, training = cfg.model, cfg.model.training
     model.eval()
     try:
         with torch.no_grad():
-            inputs = to_inputs(batch, cfg.feature_cols)
+            inputs = call.inputs(batch, cfg.feature_cols)
+            labels = [tensor(np.array(batch[label])) for label in cfg.label_cols]
             try:
-                result = model(*inputs)
+                result = call(model, inputs, labels)
             except Exception as exc:
-                shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
                 raise ValueError(
                     f"the model {type(model).__name__} failed on a first batch: forward got "
-                    f"{len(inputs)} input(s) of shape {shapes} (feature_cols "
-                    f"{cfg.feature_cols}, in that order) and raised {type(exc).__name__}: {exc}. "
-                    "Make forward take those inputs, or change feature_cols (setFeatureCols)."
+                    f"{_shapes_of(inputs)} (feature_cols {cfg.feature_cols}, in that order) "
+                    f"and raised {type(exc).__name__}: {exc}. Make forward take those inputs, "
+                    "or change feature_cols (setFeatureCols)."
                 ) from exc
-            outputs = as_outputs(result, len(cfg.label_cols))
-            for output, label in zip(outputs, cfg.label_cols, strict=True):
-                target = as_target(output, torch.from_numpy(np.array(batch[label])))
-                _call_loss(cfg, output, target, label)
+            outputs = call.outputs(result, len(cfg.label_cols))
+            if call.own_loss:
+                call.loss(result)  # raises naming the fix where the model returns none
+                return
+            for output, label, value in zip(outputs, cfg.label_cols, labels, strict=True):
+                _call_loss(cfg, output, as_target(output, value), label)
     finally:
         model.train(training)

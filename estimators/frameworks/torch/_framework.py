@@ -4,7 +4,10 @@ Each step lives in its own module: the params and their checks (``_config``:
 :data:`~._config.TORCH_PARAMS`, refused for other frameworks' models), a first batch
 through the model and the loss on the driver (``_checks``), the worker's spec
 (``_spec``) and loop (``_loop``), the checkpoint and saved model (``_checkpoint``),
-``transform`` in Arrow batches (``_predict``), and MLflow's ``pytorch`` flavour.
+``transform`` in Arrow batches (``_predict``), and MLflow's ``pytorch`` flavour. How
+the model is called (``_calling.ModelCall``: ``model(*features)``) comes from
+:meth:`TorchFramework.fit_call` / :meth:`~TorchFramework.predict_call`, the seam the
+Hugging Face framework (``..huggingface``) overrides to call its models by name.
 :class:`TorchFramework` is also the base of the Lightning one: a LightningModule is an
 ``nn.Module``, and loads, predicts and saves as one.
 """
@@ -17,6 +20,7 @@ from typing import Any
 
 from .._base import Framework, Predictor
 from . import _checkpoint
+from ._calling import ModelCall
 from ._checks import check_first_batch, check_torch_params
 from ._config import TORCH_PARAMS, torch_config
 from ._loop import train
@@ -64,12 +68,23 @@ class TorchFramework(Framework):
     def check_resume(self, model: Any, store: Any, run_id: str, path: str) -> None:
         _checkpoint.check_resume(model, store, run_id, path)
 
+    # --- how the model is called: the seam a framework of other torch models overrides --
+
+    def fit_call(self, cfg: Any) -> ModelCall:
+        """How the fit's workers (and the first-batch check) call ``cfg.model``."""
+        return ModelCall()
+
+    def predict_call(self, model: Any, params: Mapping[str, Any]) -> ModelCall:
+        """How ``transform`` calls ``model``, from the ``RingModel``'s ``params``."""
+        return ModelCall()
+
     def check_first_batch(self, cfg: Any, batch: dict[str, Any]) -> None:
-        if cfg.loss is not None:
-            check_first_batch(cfg, batch)
+        call = self.fit_call(cfg)
+        if cfg.loss is not None or call.own_loss:
+            check_first_batch(cfg, batch, call)
 
     def worker(self, cfg: Any, data: Any) -> tuple[Any, tuple]:
-        return train, (torch_spec(cfg, data),)
+        return train, (torch_spec(cfg, data, self.fit_call(cfg)),)
 
     def checkpoint_epoch(self, data: bytes) -> int:
         return _checkpoint.checkpoint_epoch(data)
@@ -87,6 +102,19 @@ class TorchFramework(Framework):
         use_gpu: bool | None,
     ) -> tuple[list[Any], Predictor]:
         return torch_predictor(model, shapes, staged, keep, names, use_gpu)
+
+    def model_predictor(
+        self,
+        model: Any,
+        shapes: list[list[int]],
+        staged: list[str],
+        keep: int,
+        names: list[str],
+        use_gpu: bool | None,
+        params: Mapping[str, Any],
+    ) -> tuple[list[Any], Predictor]:
+        call = self.predict_call(model, params)
+        return torch_predictor(model, shapes, staged, keep, names, use_gpu, call)
 
     def save_model(self, model: Any, path: str) -> None:
         _checkpoint.save_module(model, path)

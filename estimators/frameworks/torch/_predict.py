@@ -22,19 +22,20 @@ from ringcore.data import to_numpy_columns
 from ringcore.launch import check_use_gpu
 
 from .._base import Predictor
-from ._tensors import as_outputs, to_device, to_inputs
+from ._calling import ModelCall, inputs_to
 
 __all__ = ["task_device", "torch_predictor"]
 
 
-def _probe_outputs(model: torch.nn.Module, shapes: list[list[int]], count: int) -> list[DataType]:
+def _probe_outputs(
+    model: torch.nn.Module, shapes: list[list[int]], staged: list[str], count: int, call: ModelCall
+) -> list[DataType]:
     """Run ``model`` on one all-zero row: the Spark type of each output."""
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            zeros = [torch.zeros(1, *shape) for shape in shapes]
-            outputs = as_outputs(model(*zeros), count)
+            outputs = call.outputs(call(model, call.probe(shapes, staged)), count)
     finally:
         model.train(was_training)
     return [
@@ -66,17 +67,18 @@ def _predict_batch(
     names: list[str],
     kinds: list[DataType],
     device: torch.device,
+    call: ModelCall,
 ) -> pa.RecordBatch:
     rows = batch.num_rows
     if rows == 0:
         outputs = [_empty(kind) for kind in kinds]
     else:
         with torch.no_grad():
-            inputs = to_inputs(to_numpy_columns(batch, staged), staged)
-            result = model(*[to_device(t, device) for t in inputs])
+            inputs = call.inputs(to_numpy_columns(batch, staged), staged)
+            result = call(model, inputs_to(inputs, device))
         outputs = [
             _to_arrow(o, rows, k)
-            for o, k in zip(as_outputs(result, len(names)), kinds, strict=True)
+            for o, k in zip(call.outputs(result, len(names)), kinds, strict=True)
         ]
     return pa.RecordBatch.from_arrays(
         batch.columns[:keep] + outputs, names=batch.schema.names[:keep] + names
@@ -107,6 +109,7 @@ def _make_predict(
     names: list[str],
     kinds: list[DataType],
     use_gpu: bool | None = None,
+    call: ModelCall | None = None,
 ) -> Predictor:
     """The function ``mapInArrow`` runs once per task (so the model loads once per task,
     onto the task's device: :func:`task_device`)."""
@@ -116,7 +119,9 @@ def _make_predict(
         model = cloudpickle.loads(model_bytes).to(device)
         model.eval()
         for batch in batches:
-            yield _predict_batch(model, batch, staged, keep, names, kinds, device)
+            yield _predict_batch(
+                model, batch, staged, keep, names, kinds, device, call or ModelCall()
+            )
 
     return predict
 
@@ -128,7 +133,11 @@ def torch_predictor(
     keep: int,
     names: list[str],
     use_gpu: bool | None,
+    call: ModelCall | None = None,
 ) -> tuple[list[Any], Predictor]:
-    """The output types (from one all-zero row) and the per-task ``mapInArrow`` function."""
-    kinds = _probe_outputs(model, shapes, len(names))
-    return kinds, _make_predict(cloudpickle.dumps(model), staged, keep, names, kinds, use_gpu)
+    """The output types (from one all-zero row) and the per-task ``mapInArrow`` function;
+    ``call``: how the model is called (default: ``model(*features)``)."""
+    call = call or ModelCall()
+    kinds = _probe_outputs(model, shapes, staged, len(names), call)
+    predict = _make_predict(cloudpickle.dumps(model), staged, keep, names, kinds, use_gpu, call)
+    return kinds, predict

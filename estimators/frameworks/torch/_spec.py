@@ -17,6 +17,7 @@ import cloudpickle
 import torch
 
 from ...data._spec import DataSpec, data_spec_fields
+from ._calling import ModelCall
 from ._config import TorchConfig
 from ._schedule import scheduler_payload
 
@@ -34,6 +35,7 @@ class TorchSpec(DataSpec):
     inmemory_cache_all: bool = False  # read the shard once, serve every epoch from memory
     config: TorchConfig = field(default_factory=TorchConfig)  # callables: in loop_objects
     loop_objects: bytes = b""  # cloudpickle of (loss_constructors, lr_scheduler, minibatch fn)
+    call: ModelCall = field(default_factory=ModelCall)  # how the model is called (_calling)
 
 
 def _optimizer_groups(model: torch.nn.Module, optimizer: Any) -> list[list[int]]:
@@ -41,8 +43,9 @@ def _optimizer_groups(model: torch.nn.Module, optimizer: Any) -> list[list[int]]
     return [[index[id(p)] for p in group["params"]] for group in optimizer.param_groups]
 
 
-def torch_spec(cfg: Any, data: Any) -> TorchSpec:
-    """The :class:`TorchSpec` of a fit of ``cfg`` on ``data``."""
+def torch_spec(cfg: Any, data: Any, call: ModelCall | None = None) -> TorchSpec:
+    """The :class:`TorchSpec` of a fit of ``cfg`` on ``data``; ``call``: how its model
+    is called (default: the torch framework's, ``model(*features)``)."""
     config = getattr(cfg, "framework_config", None) or TorchConfig()  # a config made by hand
     loop_objects = (
         config.loss_constructors,
@@ -61,4 +64,5 @@ def torch_spec(cfg: Any, data: Any) -> TorchSpec:
         # the callables travel in loop_objects (cloudpickle), the plain values in config
         config=replace(config, loss_constructors=None, lr_scheduler=None, train_minibatch_fn=None),
         loop_objects=cloudpickle.dumps(loop_objects) if any(loop_objects) else b"",
+        call=call or ModelCall(),
     )

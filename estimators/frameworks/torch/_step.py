@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._calling import Inputs, inputs_to
 from ._losses import batch_loss
 from ._task import Task
-from ._tensors import as_outputs, as_target, tensor, to_device, to_inputs
+from ._tensors import as_outputs, as_target, tensor, to_device
 
 __all__ = ["batch_totals", "forward", "minibatch_totals", "optimizer_step", "step_totals", "width"]
 
@@ -58,9 +59,10 @@ def _total_loss(task: Task, outputs: list, targets: list, weight: Any) -> torch.
     return total
 
 
-def _batch_tensors(task: Task, spec: Any, batch: Batch) -> tuple[list, list, Any]:
-    """``(inputs, labels, sample weights or None)`` of a batch, on the task's device."""
-    inputs = [to_device(t, task.device) for t in to_inputs(batch, spec.feature_cols)]
+def _batch_tensors(task: Task, spec: Any, batch: Batch) -> tuple[Inputs, list, Any]:
+    """``(inputs, labels, sample weights or None)`` of a batch, on the task's device
+    (the inputs as the model is called: ``spec.call``)."""
+    inputs = inputs_to(spec.call.inputs(batch, spec.feature_cols), task.device)
     labels = [to_device(tensor(batch[c]), task.device) for c in spec.label_cols]
     weight = None
     if spec.sample_weight_col is not None:
@@ -83,11 +85,13 @@ def forward(
     """``(outputs, targets, loss)`` of one batch, through ``model`` (default: the
     task's, the strategy's wrapper)."""
     inputs, labels, weight = _batch_tensors(task, spec, batch)
+    call = spec.call
     with _autocast(task):
-        result = (model if model is not None else task.model)(*inputs)
-        outputs = as_outputs(result, len(spec.label_cols))
+        result = call(model if model is not None else task.model, inputs, labels)
+        outputs = call.outputs(result, len(spec.label_cols))
         targets = [as_target(o, label) for o, label in zip(outputs, labels, strict=True)]
-        loss = _total_loss(task, outputs, targets, weight)
+        own = call.own_loss  # the model's loss (outputs.loss), else the loss param's
+        loss = call.loss(result) if own else _total_loss(task, outputs, targets, weight)
     return outputs, targets, loss
 
 
@@ -102,7 +106,7 @@ def minibatch_totals(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Horovod's ``train_minibatch_fn`` on one batch: it runs the forward, the backward
     and the optimizer steps; returns ``(loss, its totals row)``."""
-    inputs, labels, weight = _batch_tensors(task, spec, batch)
+    (inputs, _), labels, weight = _batch_tensors(task, spec, batch)  # positional: ring's call
 
     def transform_outputs(outputs: Any, labels: list) -> tuple[list, list]:
         outputs = as_outputs(outputs, len(spec.label_cols))
