@@ -44,6 +44,8 @@ from estimators.frameworks.torch._spec import TorchSpec
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILT_IN = ("torch", "lightning", "keras")
+# the Hugging Face plug-in shares the torch loop's params (so not in the disjointness test)
+ALL_BUILT_IN = (*BUILT_IN, "huggingface")
 # The interface: every public member of the base class (attributes and methods).
 MEMBERS = sorted(name for name in vars(Framework) if not name.startswith("_"))
 # The steps a framework must implement (the base raises NotImplementedError for them).
@@ -62,6 +64,7 @@ def test_the_interface_has_every_step_a_framework_owns():
     assert set(MEMBERS) == {
         "name",
         "pickles_model",
+        "typed_features",
         "params",
         "refusal",
         "instead",
@@ -73,14 +76,16 @@ def test_the_interface_has_every_step_a_framework_owns():
         "worker",
         "checkpoint_epoch",
         "load_checkpoint",
+        "model_params",
         "predictor",
+        "model_predictor",
         "save_model",
         "load_model",
         "log_model",
     }
 
 
-@pytest.mark.parametrize("name", BUILT_IN)
+@pytest.mark.parametrize("name", ALL_BUILT_IN)
 def test_every_built_in_framework_implements_the_whole_interface(name):
     framework = get_framework(name)
     assert isinstance(framework, Framework) and framework.name == name
