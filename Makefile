@@ -84,12 +84,10 @@ test: $(STAMP)
 
 # Beside the main suite, one after another: the main stack's tests that share no Spark
 # session or Ray instance with it (the house's own tests, ringrun's, the notebooks, the
-# torch.distributed programs under torchrun: each launch in a process of its own; the
-# multi-host tests, on hosts, Spark and Ray clusters of their own, much of it waiting on
+# multi-host tests: on hosts, Spark and Ray clusters of their own, much of it waiting on
 # timeouts), then the other stacks.
 HOUSE_TESTS := tests/project tests/ringrun tests/end_to_end/test_notebooks.py \
-	tests/end_to_end/test_multihost.py tests/end_to_end/test_multihost_faults.py \
-	tests/end_to_end/test_torch_programs.py
+	tests/end_to_end/test_multihost.py tests/end_to_end/test_multihost_faults.py
 HOUSE_IGNORE := $(foreach t,$(HOUSE_TESTS),--ignore=$(t))
 test-side: test-house test-current test-spark35 test-spark41 test-spark35-newest
 
