@@ -11,6 +11,7 @@ benchmark.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -20,9 +21,20 @@ import sys
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
 
-import _memlimit  # noqa: E402
+
+def _load_memlimit():
+    """bench/_memlimit.py, loaded from its file: bench/ never goes on sys.path, where its
+    keras.py (the Keras benchmark) would stand in for the keras package of every test
+    that runs after this module in the same process."""
+    spec = importlib.util.spec_from_file_location("_memlimit", ROOT / "bench" / "_memlimit.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_memlimit = _load_memlimit()
 
 
 def _cgroups_left() -> list[pathlib.Path]:
