@@ -125,6 +125,9 @@ def test_bad_strategy_input_is_refused_by_name():
         get_strategy("fsdp").check(torch.nn.ReLU())
     with pytest.raises(ValueError, match="fsdp_config is for strategy='fsdp'"):
         get_strategy("ddp").check(torch.nn.Linear(2, 2), {"cpu_offload": True})
+    for name in ("ring", "ddp"):  # prepare() checks too, before it touches any group
+        with pytest.raises(ValueError, match=f"strategy={name!r} takes none"):
+            get_strategy(name).prepare(torch.nn.Linear(2, 2), config={"cpu_offload": True})
     with pytest.raises(ValueError, match=r"unknown key.*'offload'.*cpu_offload"):
         FsdpConfig.of({"offload": True})
     with pytest.raises(ValueError, match="param_dtype='int8' is not a floating dtype"):

@@ -19,6 +19,7 @@ class DdpStrategy(Strategy):
     ) -> Prepared:  # fmt: skip
         from torch.nn.parallel import DistributedDataParallel
 
+        self.check(model, config)
         ensure_process_group()
         device = device_of(model)
         ids = [device.index if device.index is not None else 0] if device.type == "cuda" else None

@@ -17,6 +17,7 @@ class RingStrategy(Strategy):
     ) -> Prepared:  # fmt: skip
         from ... import torch as hvd
 
+        self.check(model, config)
         if not hvd.is_initialized():
             hvd.init()
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
