@@ -43,3 +43,22 @@ def stop_shared() -> None:
         session, _shared = _shared, None
         if session.sparkContext._jsc is not None:
             session.stop()
+
+
+def fit_refused_before_any_job(spark: Any, estimator: Any, df: Any) -> str:
+    """``estimator.fit(df)`` raises ``ValueError`` with no Spark job run on ``spark``
+    (asserted); returns the message."""
+    import uuid
+
+    import pytest
+
+    sc = spark.sparkContext
+    group = f"refused-{uuid.uuid4().hex[:8]}"
+    sc.setJobGroup(group, "bad input: no job may run")
+    try:
+        with pytest.raises(ValueError) as info:
+            estimator.fit(df)
+        assert sc.statusTracker().getJobIdsForGroup(group) == []
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    return str(info.value)

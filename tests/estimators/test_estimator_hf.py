@@ -10,8 +10,8 @@ On the suite's shared ``local[2]`` session.
 from __future__ import annotations
 
 import os
-import uuid
 
+import _spark
 import numpy as np
 import pytest
 import torch
@@ -194,14 +194,6 @@ def test_bad_hf_input_is_refused_naming_value_and_fix_before_any_job(spark, tmp_
         "label int, weight double",
     )
     estimator = _estimator(Store.create(str(tmp_path / "store")), **params)
-    sc = spark.sparkContext
-    group = f"hf-bad-input-{uuid.uuid4().hex[:6]}"
-    sc.setJobGroup(group, "bad input: no job may run")
-    try:
-        with pytest.raises(ValueError) as info:
-            estimator.fit(df)
-        assert sc.statusTracker().getJobIdsForGroup(group) == []
-    finally:
-        sc.setLocalProperty("spark.jobGroup.id", None)
+    message = _spark.fit_refused_before_any_job(spark, estimator, df)
     for needle in needles:
-        assert needle in str(info.value), f"{needle!r} not in: {info.value}"
+        assert needle in message, f"{needle!r} not in: {message}"

@@ -10,6 +10,7 @@ import io
 import os
 import uuid
 
+import _spark
 import numpy as np
 import pytest
 import torch
@@ -122,16 +123,7 @@ def test_fsdp_writes_sharded_checkpoints_to_s3_and_resumes_them_on_one_worker(di
 
 
 def _fit_refused(spark, estimator: RingEstimator, df) -> str:
-    sc = spark.sparkContext
-    group = f"strategy-bad-input-{uuid.uuid4().hex[:6]}"
-    sc.setJobGroup(group, "bad input: no job may run")
-    try:
-        with pytest.raises(ValueError) as info:
-            estimator.fit(df)
-        assert sc.statusTracker().getJobIdsForGroup(group) == []
-    finally:
-        sc.setLocalProperty("spark.jobGroup.id", None)
-    return str(info.value)
+    return _spark.fit_refused_before_any_job(spark, estimator, df)
 
 
 class _Frozen(torch.nn.Module):
