@@ -22,6 +22,7 @@ started into a running job.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +33,8 @@ from .driver import ElasticDriver
 from .policy import AliveFn, ElasticPolicy, StartMoreFn
 
 __all__ = ["ElasticJob", "late_worker_env"]
+
+log = logging.getLogger("ringtrain.ringcore.elastic")
 
 #: how often, by default, the loop looks at the workers and the driver (seconds)
 POLL_S = 0.1
@@ -77,9 +80,12 @@ class ElasticJob:
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
         """On any exception (Ctrl-C too) once a ring was formed or announced: publish an
-        abort, so no worker waits for a generation that never comes."""
+        abort naming it, so no worker waits for a generation that never comes and each
+        says why it stopped; the driver's log gets the traceback."""
         if kind is not None and (self.driver.members or self.driver.generation):
-            self.driver.abort(STOPPED_BY_DRIVER)
+            cause = f"{kind.__name__}: {exc}" if str(exc) else kind.__name__
+            log.warning("%s: the launcher's side failed", self.name, exc_info=(kind, exc, tb))
+            self.driver.abort(f"{STOPPED_BY_DRIVER} ({cause})")
 
     # -- forming the first ring -------------------------------------------------------
 

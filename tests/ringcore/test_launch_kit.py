@@ -169,17 +169,25 @@ def test_without_stop_raises_the_job_watches_on_until_the_workers_fail_on_the_ab
     assert job.driver.stopped and launcher.waits == 3
 
 
-def test_a_failure_on_the_launchers_side_publishes_an_abort_for_the_waiting_workers():
+@pytest.mark.parametrize(
+    "error, cause",
+    [
+        (KeyboardInterrupt(), "KeyboardInterrupt"),
+        (OSError(28, "disk full"), "OSError: [Errno 28] disk full"),
+    ],
+)
+def test_a_failure_on_the_launchers_side_publishes_an_abort_naming_it(error, cause, caplog):
     store = _Store()
 
     def boom(_):
-        raise KeyboardInterrupt
+        raise error
 
     job = _job(_Launcher(["a"], [boom]), store)
-    with pytest.raises(KeyboardInterrupt), job:
+    with pytest.raises(type(error)), job:
         job.start(["a"])
         job.watch()
-    assert store.world(1) == {"abort": "the elastic job was stopped by the driver"}
+    assert store.world(1) == {"abort": f"the elastic job was stopped by the driver ({cause})"}
+    assert "the launcher's side failed" in caplog.text and "Traceback" in caplog.text
 
 
 def test_a_worker_started_late_gets_the_store_its_id_and_no_rank_of_its_own():

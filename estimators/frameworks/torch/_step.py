@@ -133,13 +133,6 @@ def _clip(task: Task, clip: float) -> None:
         task.run.clip_grad_norm_(clip)
 
 
-def _no_second_reduce(opt: Any) -> Any:
-    """ringcore's DistributedOptimizer, its gradients already averaged: step without
-    reducing again; any other optimizer (ddp, fsdp: reduced in backward) as it is."""
-    skip = getattr(opt, "skip_synchronize", None)
-    return skip() if skip is not None else contextlib.nullcontext()
-
-
 def optimizer_step(task: Task) -> None:
     """One optimizer step on the averaged gradients: with clipping, the gradients made
     final first (``Prepared.before_step``: the ring's ``synchronize``), clipped, then the
@@ -153,7 +146,7 @@ def optimizer_step(task: Task) -> None:
         if scaler is not None:
             scaler.unscale_(opt)
         _clip(task, clip)
-        with _no_second_reduce(opt):
+        with task.run.local_step():  # reduced already by before_step()
             scaler.step(opt) if scaler is not None else opt.step()
     elif scaler is not None:
         scaler.step(opt)

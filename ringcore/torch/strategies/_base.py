@@ -46,6 +46,13 @@ class Prepared:
         the ring's averaging, which is not done twice), then ``zero_grad()``."""
         self.strategy.step(self)
 
+    def local_step(self) -> contextlib.AbstractContextManager:
+        """Inside, ``optimizer.step()`` steps on this rank's gradients as they are: for a
+        caller that steps the optimizer itself after :meth:`before_step` (a GradScaler's
+        step), or that initialises an empty optimizer state by a step. Under ring it skips
+        the ring's reduction; ddp and fsdp reduce in backward, so it changes nothing."""
+        return self.strategy.local_step(self)
+
     def clip_grad_norm_(self, max_norm: float) -> Any:
         """Clip by the norm of the whole model's gradient (every shard counted)."""
         import torch
@@ -120,6 +127,9 @@ class Strategy:
     def step(self, run: Prepared) -> None:
         run.optimizer.step()
         run.optimizer.zero_grad()
+
+    def local_step(self, run: Prepared) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
 
     def full_state_dict(self, run: Prepared) -> dict[str, Any]:
         return {k: v.detach().cpu() for k, v in run.module.state_dict().items()}

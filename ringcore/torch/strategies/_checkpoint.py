@@ -37,18 +37,9 @@ def _state(run: Any) -> dict[str, Any]:
 
     if run.optimizer is None:
         return {"model": get_model_state_dict(run.module)}
-    with _local_steps(run.optimizer):  # torch initialises an empty state by a zero step
+    with run.local_step():  # torch initialises an empty state by a zero step
         model, optim = get_state_dict(run.module, run.optimizer)
     return {"model": model, "optim": optim}
-
-
-def _local_steps(optimizer: Any) -> Any:
-    """ringcore's DistributedOptimizer steps without reducing inside (its state is the
-    wrapped class's); any other optimizer as it is."""
-    import contextlib
-
-    skip = getattr(optimizer, "skip_synchronize", None)
-    return skip() if skip is not None else contextlib.nullcontext()
 
 
 def save_sharded(run: Any, path: str, storage_options: dict | None = None) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from ._base import Prepared, Strategy
@@ -45,3 +46,7 @@ class RingStrategy(Strategy):
         else:
             opt.step()
         opt.zero_grad()
+
+    def local_step(self, run: Prepared) -> contextlib.AbstractContextManager:
+        skip = getattr(run.optimizer, "skip_synchronize", None)  # None: not wrapped
+        return skip() if skip is not None else contextlib.nullcontext()
