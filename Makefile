@@ -12,7 +12,7 @@ S35_VENV := .venv-spark35
 S35_PY := $(S35_VENV)/bin/python
 S35_STAMP := $(S35_VENV)/.installed
 S35_PYSPARK := 3.5.0
-EXTRAS := spark,petastorm,ray,tensorflow,lightning,transformers,mlflow,tensorboard,s3,mpi,notebooks,dev,s3-server
+EXTRAS := spark,petastorm,ray,tensorflow,lightning,transformers,peft,mlflow,tensorboard,s3,mpi,notebooks,dev,s3-server
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # The installs go through uv (pinned, in build/uv: a few times faster than pip over three
 # venvs of ~200 packages), under the same constraints files. --compile-bytecode: the

@@ -10,8 +10,11 @@ Layout under ``path`` (a local path or a URL Spark and fsspec both understand)::
     <path>/model/module.pkl   torch: cloudpickle of the module's *structure*, its tensors
                               on the ``meta`` device (no weights)
     <path>/model/model.keras  Keras: the model in Keras's own format
-    <path>/model/hf/          Hugging Face: save_pretrained (config.json, model.safetensors)
-    <path>/model/params.pkl   the model's object params, when set (a tokenizer), cloudpickled
+    <path>/model/hf/          Hugging Face: save_pretrained (config.json, model.safetensors;
+                              a PEFT model: its adapters and the base model's config.json)
+    <path>/model/tokenizer/   Hugging Face: the tokenizer param's save_pretrained (and its class)
+    <path>/model/params.pkl   the model's object params that its framework does not save in a
+                              format of its own (Framework.save_model_params), cloudpickled
 
 The framework (recorded in the metadata by name) writes and reads ``<path>/model/``
 (``estimators.frameworks``: ``Framework.save_model`` / ``load_model``), so a model of a
@@ -116,6 +119,7 @@ class RingModelWriter(MLWriter):
                 "module_class": f"{type(module).__module__}.{type(module).__qualname__}",
             }
         }
+        framework.check_save(module)  # before anything is written
         DefaultParamsWriter.saveMetadata(
             model, path, _metadata_context(self.sparkSession), extraMetadata=extra, paramMap=params
         )
@@ -130,6 +134,7 @@ class RingModelWriter(MLWriter):
         objects = {
             n: model.getOrDefault(n) for n in _PICKLED_PARAMS if model.getOrDefault(n) is not None
         }
+        objects = framework.save_model_params(objects, path)  # the rest: pickled
         if objects:
             with fsspec.open(posixpath.join(path, "model", _PARAMS_FILE), "wb") as f:
                 f.write(cloudpickle.dumps(objects))
@@ -208,6 +213,7 @@ class RingModelReader(MLReader[Any]):
                 f"this client reaches it: a shared filesystem or an object store URL.{_hint(path)}"
             )
         module = framework.load_model(path)
+        params.update(framework.load_model_params(path))
         fs, objects = fsspec.core.url_to_fs(posixpath.join(path, "model", _PARAMS_FILE))
         if fs.exists(objects):
             with fs.open(objects, "rb") as f:

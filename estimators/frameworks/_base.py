@@ -137,6 +137,10 @@ class Framework:
         also reads the ``RingModel``'s ``params`` (by name: a tokenizer) to predict."""
         return self.predictor(model, shapes, staged, keep, names, use_gpu)
 
+    def check_save(self, model: Any) -> None:
+        """Raise, naming the fix, if :meth:`save_model` cannot save ``model``; called by
+        ``RingModel.save`` before anything is written, so a refused save leaves nothing."""
+
     def save_model(self, model: Any, path: str) -> None:
         """Write the model under ``<path>/model/`` (``RingModel.save``)."""
         raise self._missing("save models")
@@ -144,6 +148,16 @@ class Framework:
     def load_model(self, path: str) -> Any:
         """Read what :meth:`save_model` wrote (``RingModel.load``)."""
         raise self._missing("load models")
+
+    def save_model_params(self, params: Mapping[str, Any], path: str) -> dict[str, Any]:
+        """Write those of the ``RingModel``'s object ``params`` (a tokenizer) that this
+        framework keeps in a format of its own under ``<path>/model/``; the ones returned
+        are cloudpickled into ``<path>/model/params.pkl`` (``RingModel.save``)."""
+        return dict(params)
+
+    def load_model_params(self, path: str) -> dict[str, Any]:
+        """The params :meth:`save_model_params` wrote (``RingModel.load``)."""
+        return {}
 
     def log_model(self, model: Any, name: str) -> str:
         """Log the trained model to the active MLflow run as artifact ``name``, in this

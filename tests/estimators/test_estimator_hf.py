@@ -3,7 +3,8 @@
 A tiny BERT (built from a config: nothing downloaded) learns whether token 5 appears in
 a sequence, from integer array columns under strategy='fsdp' on two workers, and its
 saved model (Hugging Face's own format) predicts the same; a text column is tokenized
-on the workers and in transform with tokenizer=; the bad input is refused before any job.
+on the workers and in transform with tokenizer=, and saved in Hugging Face's format too;
+the bad input is refused before any job.
 On the suite's shared ``local[2]`` session.
 """
 
@@ -133,8 +134,13 @@ def test_a_text_column_is_tokenized_on_the_workers_and_in_transform_under_ddp(sp
 
     path = str(tmp_path / "saved")
     fitted.save(path)
+    assert os.path.exists(os.path.join(path, "model", "tokenizer", "tokenizer.json"))
+    assert not os.path.exists(os.path.join(path, "model", "params.pkl"))  # no pickle of it
     loaded = RingModel.load(path)
     assert loaded.getMaxLength() == LENGTH
+    assert type(loaded.getTokenizer()) is type(tokenizer)
+    texts = [text for text, _ in _text_rows(3, 16)]
+    assert loaded.getTokenizer()(texts)["input_ids"] == tokenizer(texts)["input_ids"]
     np.testing.assert_array_equal(_accuracy(loaded, test)[1], logits)
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..torch._config import TORCH_PARAMS, TorchConfig, torch_config
+from ._peft import base_of
 
 __all__ = ["HF_PARAMS", "HfConfig", "forward_params", "hf_config"]
 
@@ -34,9 +35,10 @@ class HfConfig(TorchConfig):
 
 
 def forward_params(model: Any) -> list[str]:
-    """The named parameters of ``model.forward`` (not ``*args`` / ``**kwargs``)."""
+    """The named parameters of ``model.forward`` (not ``*args`` / ``**kwargs``); a
+    PeftModel's are its base model's, which it passes its keywords to."""
     kinds = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    signature = inspect.signature(model.forward)
+    signature = inspect.signature(base_of(model).forward)
     return [n for n, p in signature.parameters.items() if p.kind not in kinds]
 
 
@@ -45,7 +47,7 @@ def check_own_loss(model: Any) -> None:
     if "labels" not in forward_params(model):
         raise ValueError(
             f"loss is not set (loss=None), so the model's own loss is trained on, but "
-            f"{type(model).__name__}.forward takes no labels= (a base model without a head "
+            f"{type(base_of(model)).__name__}.forward takes no labels= (a base model without a head "
             "computes no loss). Use a model with a head (e.g. BertForSequenceClassification), "
             "or set a loss with setLoss(...)."
         )
@@ -56,7 +58,7 @@ def _check_features(cfg: Any) -> None:
     unknown = [c for c in cfg.feature_cols if c not in cfg.text_cols and c not in accepted]
     if unknown:
         raise ValueError(
-            f"feature column(s) {unknown} are passed to {type(cfg.model).__name__}.forward by "
+            f"feature column(s) {unknown} are passed to {type(base_of(cfg.model)).__name__}.forward by "
             f"name, but forward takes {', '.join(a for a in accepted if a != 'labels')}. Rename "
             "the columns to forward's parameters (df.withColumnRenamed) and set feature_cols "
             "to them (setFeatureCols)."

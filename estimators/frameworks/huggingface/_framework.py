@@ -6,9 +6,11 @@ become FSDP units); what differs is how it is called, which this framework gives
 loop as its :class:`~._call.HfCall` (``TorchFramework.fit_call`` / ``predict_call``):
 feature columns by name, integer columns as int64 (``typed_features``), a text column
 tokenized with ``tokenizer=`` on the workers and in ``transform``, ``loss=None`` for the
-model's own loss. Checked on the driver before any job (``_config``); saved with
-``save_pretrained`` (``_model_io``). transformers is imported only once a model of it
-exists (the user imported it).
+model's own loss. A ``peft.PeftModel`` over such a model (``_peft``) trains the same
+way, only its trainable parameters (the adapters) changing. Checked on the driver before
+any job (``_config``); the model and the tokenizer saved with their ``save_pretrained``
+(a PeftModel: its adapters alone; ``_model_io``). transformers and peft are imported only
+once a model of them exists (the user imported it).
 """
 
 from __future__ import annotations
@@ -25,22 +27,30 @@ from ..torch._framework import TorchFramework
 from ..torch._metrics import resolve_metrics
 from ._call import HfCall
 from ._config import ALL_PARAMS, HF_PARAMS, check_own_loss, forward_params, hf_config
-from ._model_io import load_pretrained, save_pretrained
+from ._model_io import (
+    check_saveable,
+    load_pretrained,
+    load_tokenizer,
+    save_pretrained,
+    save_tokenizer,
+)
+from ._peft import base_of, check_peft
 
 __all__ = ["HuggingFaceFramework", "is_hf_model"]
 
 
 def is_hf_model(model: Any) -> bool:
-    """Whether ``model`` is a ``transformers.PreTrainedModel`` (transformers is not imported)."""
+    """Whether ``model`` is a ``transformers.PreTrainedModel``, or a ``peft.PeftModel``
+    over one (neither transformers nor peft is imported)."""
     transformers = sys.modules.get("transformers")
     if transformers is None:
         return False
-    return isinstance(model, transformers.PreTrainedModel)
+    return isinstance(base_of(model), transformers.PreTrainedModel)
 
 
 def _long_labels(model: Any) -> bool:
     """A classifier's own loss takes class indices: int64 labels (a Spark double too)."""
-    config = getattr(model, "config", None)
+    config = getattr(base_of(model), "config", None)
     problem = getattr(config, "problem_type", None)
     return getattr(config, "num_labels", 1) > 1 and problem in (None, "single_label_classification")
 
@@ -59,6 +69,7 @@ class HuggingFaceFramework(TorchFramework):
         return None if name in HF_PARAMS else super().instead(name)
 
     def check_params(self, model: Any, optimizer: Any, loss: Any, metrics: Any) -> None:
+        check_peft(model)
         if loss is None:
             check_own_loss(model)
         check_torch_params(model, optimizer, loss, own_loss=loss is None)
@@ -92,8 +103,21 @@ class HuggingFaceFramework(TorchFramework):
             return {}
         return {"tokenizer": config.tokenizer, "max_length": config.max_length}
 
+    def check_save(self, model: Any) -> None:
+        check_saveable(model)
+
     def save_model(self, model: Any, path: str) -> None:
         save_pretrained(model, path)
 
     def load_model(self, path: str) -> Any:
         return load_pretrained(path)
+
+    def save_model_params(self, params: Mapping[str, Any], path: str) -> dict[str, Any]:
+        rest = dict(params)
+        if "tokenizer" in rest and save_tokenizer(rest["tokenizer"], path):
+            del rest["tokenizer"]
+        return rest
+
+    def load_model_params(self, path: str) -> dict[str, Any]:
+        tokenizer = load_tokenizer(path)
+        return {} if tokenizer is None else {"tokenizer": tokenizer}
