@@ -275,7 +275,7 @@ ESTIMATOR_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("inmemory_cache_all", _bool, False, "each worker reads its training shard into memory once and serves every epoch from there (shuffled per epoch)"),
     ParamSpec("backward_passes_per_step", _int, 1, "gradient accumulation: backward passes per optimizer step"),
     ParamSpec("callbacks", _to_callbacks, [], "torch: objects with any of on_train_begin(logs), on_epoch_begin(epoch, logs), on_batch_end(batch, logs), on_epoch_end(epoch, logs), on_train_end(logs), called on every rank; lightning: lightning.pytorch.Callback objects, given to every rank's Trainer"),
-    ParamSpec("trainer_args", to_trainer_args, {}, "lightning: more lightning.Trainer keyword arguments, e.g. {'precision': 'bf16-mixed', 'gradient_clip_val': 1.0}; strategy, devices, num_nodes, max_epochs and enable_checkpointing are ringtrain's"),
+    ParamSpec("trainer_args", to_trainer_args, {}, "lightning: more lightning.Trainer keyword arguments, e.g. {'precision': 'bf16-mixed', 'gradient_clip_val': 1.0}; devices, num_nodes, max_epochs and enable_checkpointing are ringtrain's; strategy: none (ringtrain's RingStrategy) or 'ddp' (Lightning's DDPStrategy on the job's process group)"),
     ParamSpec("logger", _any, None, "lightning: the Trainer's logger (a lightning logger, on every rank); default None: none (the history is in the store and RingModel.getHistory())"),
     ParamSpec("log_every_n_steps", _int, 50, "lightning: the Trainer's log_every_n_steps"),
     ParamSpec("terminate_on_nan", _bool, False, "lightning: a non-finite training loss fails the fit"),

@@ -650,8 +650,8 @@ def test_lightning_params_that_cannot_apply_are_refused_before_any_job(spark, di
         ValueError, match=r"sets max_epochs=5, which RingEstimator sets itself: use epochs"
     ):
         RingEstimator(trainer_args={"max_epochs": 5})
-    with pytest.raises(ValueError, match=r"sets strategy='ddp'.*size the job with num_proc"):
-        RingEstimator().setTrainerArgs({"precision": "bf16-mixed", "strategy": "ddp"})
+    with pytest.raises(ValueError, match=r"sets strategy='ddp_spawn'.*the accepted ones are 'ddp'"):
+        RingEstimator().setTrainerArgs({"precision": "bf16-mixed", "strategy": "ddp_spawn"})
     with pytest.raises(TypeError, match="trainer_args takes a dict"):
         RingEstimator(trainer_args="bf16-mixed")
 

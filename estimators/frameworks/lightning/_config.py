@@ -4,7 +4,8 @@
 (:data:`~._trainer_args.LIGHTNING_PARAMS`) into a frozen :class:`LightningConfig` and
 checks them before any job: ``trainer_args`` against the ``lightning.Trainer`` of the
 module's package (no reserved key, no key the Trainer does not take, no
-``accumulate_grad_batches`` against another ``backward_passes_per_step``), callbacks
+``accumulate_grad_batches`` against another ``backward_passes_per_step``, a ``strategy``
+that is absent, ``"ddp"`` or a ``DDPStrategy``: ``_strategies``), callbacks
 that are not the package's Lightning ``Callback``, and a logger, profiler or
 ``trainer_args`` that does not pickle.
 """
@@ -17,6 +18,7 @@ from typing import Any
 
 import cloudpickle
 
+from ._strategies import check_strategy_object
 from ._strategy import lightning_package
 from ._trainer_args import LIGHTNING_PARAMS, check_trainer_args
 
@@ -75,5 +77,6 @@ def lightning_config(params: Mapping[str, Any], cfg: Any) -> LightningConfig:
     check_trainer_args(
         trainer_args, cfg.backward_passes_per_step, lightning_package(cfg.model).Trainer
     )
+    check_strategy_object(lightning_package(cfg.model), trainer_args.get("strategy"))
     _check_objects(cfg.model, values, cfg.callbacks)
     return LightningConfig(**{**values, "trainer_args": trainer_args})

@@ -3,7 +3,8 @@
 A LightningModule brings its own loss (``training_step``), optimizer
 (``configure_optimizers``) and metrics (``self.log``), so the ``optimizer``, ``loss``
 and ``metrics`` params stay unset; every worker fits it under a real
-``lightning.Trainer`` with ringtrain's ``RingStrategy`` (``_train``, ``_strategy``),
+``lightning.Trainer`` with ringtrain's ``RingStrategy`` (``_train``, ``_strategy``) or,
+with ``trainer_args={"strategy": "ddp"}``, Lightning's ``DDPStrategy`` (``_strategies``),
 configured by the Lightning-only params (``_trainer_args.LIGHTNING_PARAMS``), which are
 refused for another framework's model and checked for a LightningModule before any job
 (``_config``). There is no loss to try on a first batch, so the model itself runs once
@@ -57,11 +58,12 @@ def is_lightning_module(model: Any) -> bool:
     return False
 
 
-_RING_STRATEGY_ONLY = (
-    "a LightningModule trains on ringtrain's RingStrategy (whole replicas, gradients "
-    "averaged by the ring); Lightning's own ddp and fsdp strategies on the job's process "
-    "group are not offered yet. For DDP or FSDP2, train the module's network as a "
-    "torch.nn.Module with strategy='ddp' or 'fsdp'"
+_TRAINER_STRATEGY = (
+    "a LightningModule's strategy is its Trainer's: ringtrain's RingStrategy (whole "
+    "replicas, gradients averaged by the ring) by default, or Lightning's own DDP on the "
+    "job's process group with trainer_args={'strategy': 'ddp'}. Lightning's fsdp runs on "
+    "CUDA only; for FSDP2, train the module's network as a torch.nn.Module with "
+    "strategy='fsdp'"
 )
 
 
@@ -83,7 +85,7 @@ class LightningFramework(TorchFramework):
         if name == "checkpoint_callback":
             return _CHECKPOINT_CALLBACK
         if name in ("strategy", "fsdp_config"):
-            return _RING_STRATEGY_ONLY
+            return _TRAINER_STRATEGY
         return _ON_ITS_TRAINER if name in TORCH_PARAMS else None
 
     def check_params(self, model: Any, optimizer: Any, loss: Any, metrics: Any) -> None:

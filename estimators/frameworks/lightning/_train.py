@@ -2,7 +2,10 @@
 
 Every Spark task forms the ring (``ringcore.init()``), then fits the module with
 ``Trainer(strategy=RingStrategy, devices=1, max_epochs=epochs, ...)`` on its own shard
-(``_strategy``: the ranks are the ring's, gradients averaged after every backward).
+(``_strategy``: the ranks are the ring's, gradients averaged after every backward), or
+with ``trainer_args={"strategy": "ddp"}`` under Lightning's own ``DDPStrategy`` on the
+job's process group, ``devices`` the ranks on each host and ``num_nodes`` the hosts
+(``_strategies``).
 The batches come from the same Parquet readers as every framework's loop (per-rank
 shards, ``steps_per_epoch`` steps on every rank, shuffled by ``(random_seed, epoch)``),
 as dicts ``{column: tensor}``; so ``self.trainer``, ``self.current_epoch``,
@@ -48,6 +51,7 @@ from ..torch._tensors import tensor
 from ._callbacks import nan_callback, on_rank_0, progress_callbacks, store_callback
 from ._config import LightningConfig
 from ._log import LogRecorder, mirror_log, overrides
+from ._strategies import check_layout, lightning_strategy
 from ._strategy import lightning_package, ring_strategy
 from ._trainer_args import check_trainer_args
 
@@ -169,8 +173,20 @@ def _resume_state(spec: LightningSpec) -> tuple[int, list[dict[str, Any]], bytes
 # --- the Trainer -------------------------------------------------------------------------
 
 
+def _strategy(pl: Any, spec: LightningSpec, device: torch.device) -> tuple[Any, int, int]:
+    """``(strategy, devices, num_nodes)``: ringtrain's RingStrategy on one device, or
+    under ``trainer_args["strategy"]`` Lightning's DDPStrategy on the ranks of each
+    host (``_strategies``)."""
+    chosen = spec.trainer_args.get("strategy")
+    if chosen is None:
+        return ring_strategy(pl, device), 1, 1
+    check_layout()
+    return lightning_strategy(pl, chosen, device)
+
+
 def _trainer(pl: Any, spec: LightningSpec, device: torch.device, callbacks: list) -> Any:
     check_trainer_args(spec.trainer_args, spec.backward_passes_per_step)
+    strategy, devices, num_nodes = _strategy(pl, spec, device)
     kwargs: dict[str, Any] = {
         "logger": spec.logger if spec.logger is not None else False,
         "log_every_n_steps": spec.log_every_n_steps,
@@ -181,13 +197,13 @@ def _trainer(pl: Any, spec: LightningSpec, device: torch.device, callbacks: list
         "num_sanity_val_steps": 0,
         "use_distributed_sampler": False,
         "default_root_dir": os.getcwd(),
-        **spec.trainer_args,
+        **{k: v for k, v in spec.trainer_args.items() if k != "strategy"},
     }
     return pl.Trainer(
-        strategy=ring_strategy(pl, device),
+        strategy=strategy,
         accelerator="gpu" if device.type == "cuda" else "cpu",
-        devices=1,
-        num_nodes=1,
+        devices=devices,
+        num_nodes=num_nodes,
         max_epochs=spec.epochs,
         enable_checkpointing=True,  # the store callback is a Checkpoint
         callbacks=callbacks,

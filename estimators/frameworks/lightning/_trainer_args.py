@@ -4,9 +4,12 @@
 ``log_every_n_steps``, ``terminate_on_nan``, ``profiler``, each with the value that
 means unset) configure the ``lightning.Trainer`` every worker fits a LightningModule
 under. ``trainer_args`` must not set what ringtrain sets itself
-(:data:`RESERVED_TRAINER_ARGS`): the params table's converter refuses such a key as it
-is set (:func:`to_trainer_args`), the driver checks the rest against the Trainer's
-signature before any job (:func:`check_trainer_args`). Lightning itself is not imported.
+(:data:`RESERVED_TRAINER_ARGS`), and its ``strategy`` is one of
+:data:`LIGHTNING_STRATEGIES` (Lightning's ``DDPStrategy`` on the job's process group;
+``_strategies``) or absent (ringtrain's ``RingStrategy``): the params table's converter
+refuses such a key or name as it is set (:func:`to_trainer_args`), the driver checks
+the rest against the Trainer's signature before any job (:func:`check_trainer_args`).
+Lightning itself is not imported.
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ import inspect
 from typing import Any
 
 __all__ = [
+    "FSDP_NOT_OFFERED",
     "LIGHTNING_PARAMS",
+    "LIGHTNING_STRATEGIES",
     "RESERVED_TRAINER_ARGS",
     "check_reserved_trainer_args",
+    "check_strategy",
     "check_trainer_args",
     "to_trainer_args",
 ]
@@ -35,9 +41,8 @@ LIGHTNING_PARAMS: dict[str, Any] = {
 
 # trainer_args ringtrain sets itself, and what to use instead.
 RESERVED_TRAINER_ARGS: dict[str, str] = {
-    "strategy": "every rank runs one Trainer on ringtrain's RingStrategy (Lightning's own ddp and fsdp on the job's process group are not offered yet; for DDP or FSDP2 train a torch.nn.Module with RingEstimator(strategy='ddp' or 'fsdp')); size the job with num_proc",
-    "devices": "every rank trains on one device; size the job with num_proc",
-    "num_nodes": "the ranks are the Spark tasks; size the job with num_proc",
+    "devices": "every rank trains on one device (under strategy 'ddp', devices is the ranks on each host); size the job with num_proc",
+    "num_nodes": "the ranks are the Spark tasks (under strategy 'ddp', num_nodes is their hosts); size the job with num_proc",
     "accelerator": "use use_gpu=True / False",
     "max_epochs": "use epochs",
     "enable_checkpointing": "ringtrain checkpoints into the store every epoch and resumes a run_id from there; a ModelCheckpoint in callbacks still writes its own files",
@@ -48,8 +53,51 @@ RESERVED_TRAINER_ARGS: dict[str, str] = {
 }
 
 
+# trainer_args["strategy"] names accepted: Lightning's DDPStrategy started by the
+# launcher (its "popen" start), as Lightning's registry builds them
+LIGHTNING_STRATEGIES = (
+    "ddp",
+    "ddp_find_unused_parameters_true",
+    "ddp_find_unused_parameters_false",
+)
+
+FSDP_NOT_OFFERED = (
+    "Lightning 2.6's FSDPStrategy (FSDP1) runs on CUDA only (its accelerator connector "
+    "refuses accelerator='cpu'), so it cannot run on CPU ranks over Gloo, where ringtrain "
+    "tests what it offers. For FSDP2 (parameters, gradients and optimizer state "
+    "sharded over the ranks), train the module's network as a torch.nn.Module with "
+    "RingEstimator(strategy='fsdp'); or drop 'strategy' for ringtrain's RingStrategy, or "
+    "use trainer_args={'strategy': 'ddp'}"
+)
+
+
+def _accepted() -> str:
+    return ", ".join(map(repr, LIGHTNING_STRATEGIES))
+
+
+def check_strategy(value: Any) -> None:
+    """Raise ValueError for a ``trainer_args["strategy"]`` string ringtrain does not run
+    (a strategy object is checked by :func:`check_strategy_object`)."""
+    if not isinstance(value, str):
+        return
+    if value in LIGHTNING_STRATEGIES:
+        return
+    if value.startswith("fsdp"):
+        raise ValueError(
+            f"trainer_args sets strategy={value!r}, which is not offered: {FSDP_NOT_OFFERED}."
+        )
+    raise ValueError(
+        f"trainer_args sets strategy={value!r}, which ringtrain does not run; the accepted "
+        f"ones are {_accepted()} (Lightning's DDPStrategy on the job's process group: the "
+        "Spark tasks are its processes, so a strategy that starts processes itself, such "
+        "as ddp_spawn, has none to start), or none for ringtrain's RingStrategy."
+    )
+
+
 def check_reserved_trainer_args(trainer_args: dict[str, Any]) -> None:
-    """Raise ValueError for a key of ``trainer_args`` that ringtrain sets itself."""
+    """Raise ValueError for a key of ``trainer_args`` that ringtrain sets itself, and
+    for a ``strategy`` name it does not run."""
+    check_strategy(trainer_args.get("strategy"))
     for key in trainer_args:
         if key in RESERVED_TRAINER_ARGS:
             raise ValueError(
