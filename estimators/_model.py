@@ -31,7 +31,7 @@ from ._params import MODEL_PARAMS, init_params, with_params
 from ._persistence import RingModelReader, RingModelWriter
 from .data._columns import check_columns, feature_expr, is_staged_as_is
 from .frameworks._base import Framework, Predictor
-from .frameworks._registry import framework_of
+from .frameworks._registry import framework_of, get_framework, registered_frameworks
 from .store._store import Store
 
 __all__ = ["RingModel"]
@@ -113,6 +113,7 @@ class RingModel(ModelAccessors, Model, MLWritable, MLReadable["RingModel"]):
         use_gpu: bool | None = None,
         tokenizer: Any = None,
         max_length: int | None = None,
+        model_output: str | None = None,
     ) -> None:
         """Every param of ``MODEL_PARAMS`` as a keyword, defaults as in that table
         (tests/estimators/test_estimator_signature.py keeps them equal)."""
@@ -151,6 +152,7 @@ class RingModel(ModelAccessors, Model, MLWritable, MLReadable["RingModel"]):
         if model is None:
             raise ValueError("this RingModel holds no model; set it with setModel(...).")
         framework = framework_of(model)
+        self._refuse_foreign_params(framework)
         features, text = self._columns("feature_cols"), self.getTokenizer() is not None
         check_columns(df.schema, features, "feature", "setFeatureCols", text=text)
         clash = [n for n in names if n in df.columns]
@@ -171,6 +173,20 @@ class RingModel(ModelAccessors, Model, MLWritable, MLReadable["RingModel"]):
                 f"{len(names)} output(s); give one per label column with setLabelKinds([...])."
             )
         return framework
+
+    def _refuse_foreign_params(self, framework: Framework) -> None:
+        """A param only another framework's models read (a tokenizer on a plain torch
+        model) is an error, not silently ignored."""
+        for name in registered_frameworks():
+            owner = get_framework(name)
+            for param in sorted(owner.reads_model_params - framework.reads_model_params):
+                value = self.getOrDefault(param)
+                if value is not None:
+                    raise ValueError(
+                        f"{param}={value!r} is set, but only a {owner.name} model reads it and "
+                        f"this RingModel holds a {framework.name} model "
+                        f"({type(self.getModel()).__name__}). Unset it (setParams({param}=None))."
+                    )
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
         names, features = self._output_names(), self._columns("feature_cols")

@@ -318,6 +318,7 @@ MODEL_PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("use_gpu", _bool, None, "torch: transform() predicts on the task's GPU; None (default): when the task sees CUDA; True: a task without CUDA fails"),
     ParamSpec("tokenizer", _any, None, "huggingface: the tokenizer transform() runs on the text feature column (the fit's)"),
     ParamSpec("max_length", _int, None, "huggingface: with tokenizer, the tokens per text (the fit's); default: the tokenizer's model_max_length"),
+    ParamSpec("model_output", _str, None, "huggingface: the field of the model's output transform() writes to the output column, e.g. 'pooler_output' or 'last_hidden_state'; default: 'logits'"),
 )
 # fmt: on
 

@@ -72,6 +72,7 @@ _JSON_PARAMS = (
     "feature_shapes",
     "use_gpu",
     "max_length",
+    "model_output",
 )
 # model params that are objects (a tokenizer): cloudpickled into <path>/model/params.pkl
 _PICKLED_PARAMS = ("tokenizer",)

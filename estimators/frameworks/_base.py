@@ -41,6 +41,9 @@ class Framework:
     #: the estimator params only this framework reads, each with the value that means unset;
     #: one set for a model of another framework is refused before any job (:meth:`refusal`)
     params: Mapping[str, Any] = MappingProxyType({})
+    #: the ``RingModel`` params only this framework reads (unset: None); one set on a
+    #: model of another framework is refused before transform runs
+    reads_model_params: frozenset[str] = frozenset()
 
     def _missing(self, what: str) -> NotImplementedError:
         return NotImplementedError(

@@ -203,3 +203,27 @@ def test_bad_hf_input_is_refused_naming_value_and_fix_before_any_job(spark, tmp_
     message = _spark.fit_refused_before_any_job(spark, estimator, df)
     for needle in needles:
         assert needle in message, f"{needle!r} not in: {message}"
+
+
+@pytest.mark.spark
+def test_transform_writes_the_named_output_and_refuses_it_for_another_framework(spark):
+    schema = "input_ids array<int>, attention_mask array<int>, label int"
+    rows = _token_rows(2, rows=8)
+    df = spark.createDataFrame(rows, schema)
+    base = _bert(head=False).eval()  # a BertModel: last_hidden_state and pooler_output
+    columns = dict(feature_cols=["input_ids", "attention_mask"], label_cols=["label"])
+    ring = RingModel(model=base, model_output="pooler_output", **columns)
+    got = np.array([r["label__output"] for r in ring.transform(df).collect()])
+    with torch.no_grad():
+        want = base(
+            input_ids=torch.tensor([r[0] for r in rows]),
+            attention_mask=torch.tensor([r[1] for r in rows]),
+        ).pooler_output.numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # the default, logits, from a model without a head: the error names the setter
+    with pytest.raises(Exception, match=r"no 'logits'.*setModelOutput"):
+        ring.setModelOutput(None).transform(df).collect()
+    with pytest.raises(ValueError, match=r"model_output='pooler_output' is set, but only a hug"):
+        RingModel(model=torch.nn.Linear(8, 2), model_output="pooler_output", **columns).transform(
+            df
+        )

@@ -84,8 +84,8 @@ class HfCall(ModelCall):
         if value is None:
             keys = [k for k in getattr(result, "keys", lambda: [])() if k != "loss"]
             raise ValueError(
-                f"the model's output has no {self.output!r}; it has {', '.join(keys)}. A "
-                "RingEstimator output column holds the model's logits: use a model with a head."
+                f"the model's output has no {self.output!r}; it has {', '.join(keys)}. Choose "
+                "one with RingModel.setModelOutput(...) (default 'logits': a model with a head)."
             )
         return as_outputs(value, count)
 

@@ -61,6 +61,7 @@ class HuggingFaceFramework(TorchFramework):
     name = "huggingface"
     typed_features = True
     params: Mapping[str, Any] = ALL_PARAMS
+    reads_model_params = frozenset({"tokenizer", "max_length", "model_output"})
 
     def refusal(self, name: str, value: Any, model: Framework) -> str:
         return Framework.refusal(self, name, value, model)
@@ -93,9 +94,10 @@ class HuggingFaceFramework(TorchFramework):
         return replace(call, own_loss=config.own_loss)
 
     def predict_call(self, model: Any, params: Mapping[str, Any]) -> ModelCall:
-        return self._call(
+        call = self._call(
             model, params["feature_cols"], params.get("tokenizer"), params.get("max_length")
         )
+        return replace(call, output=params.get("model_output") or call.output)
 
     def model_params(self, cfg: Any) -> dict[str, Any]:
         config = cfg.framework_config
