@@ -119,6 +119,36 @@ def test_fsdp_writes_sharded_checkpoints_to_s3_and_resumes_them_on_one_worker(di
     _same_after_reload(fitted, test, str(tmp_path / "saved"))
 
 
+@pytest.mark.spark
+def test_the_loops_knobs_run_alike_under_ddp_and_fsdp(spark, tmp_path):
+    """bf16 autocast, clipping, accumulation, a per-step schedule, validation and early
+    stopping together: ddp and fsdp reduce the same gradients, so they train the same."""
+    rng = np.random.default_rng(7)
+    df = spark.createDataFrame([(float(x), float(2 * x + 1)) for x in rng.uniform(-1, 1, 128)],
+                               ["x", "y"])  # fmt: skip
+    histories = {}
+    for strategy in ("ddp", "fsdp"):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+        fitted = RingEstimator(
+            num_proc=2, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            loss=torch.nn.MSELoss(), feature_cols=["x"], label_cols=["y"], batch_size=8,
+            epochs=6, store=Store.create(str(tmp_path / strategy)), verbose=0, progress=False,
+            strategy=strategy, precision="bf16-mixed", gradient_clip_val=1.0,
+            backward_passes_per_step=2, validation=0.25, random_seed=1,
+            lr_scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5),
+            lr_scheduler_interval="step", early_stopping_patience=1, monitor="val_loss",
+        ).fit(df)  # fmt: skip
+        histories[strategy] = fitted.getHistory()
+    ddp, fsdp = histories["ddp"], histories["fsdp"]
+    assert 1 < len(ddp) < 6, ddp  # early stopping ended it (the schedule flattens the loss)
+    assert ddp[0]["lr"] > ddp[1]["lr"] > 0 and "val_loss" in ddp[-1]
+    assert [e["epoch"] for e in fsdp] == [e["epoch"] for e in ddp]
+    for a, b in zip(ddp, fsdp, strict=True):
+        for key in ("train_loss", "val_loss", "lr"):
+            assert b[key] == pytest.approx(a[key], rel=1e-5), (key, ddp, fsdp)
+
+
 # --- bad input: refused before any job --------------------------------------------------
 
 
