@@ -77,10 +77,14 @@ def test_the_interface_has_every_step_a_framework_owns():
         "checkpoint_epoch",
         "load_checkpoint",
         "model_params",
+        "reads_model_params",
         "predictor",
         "model_predictor",
+        "check_save",
         "save_model",
         "load_model",
+        "save_model_params",
+        "load_model_params",
         "log_model",
     }
 

@@ -58,9 +58,8 @@ def _is_adapter(name: str) -> bool:
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("strategy", ["ring", "fsdp"])
 def test_a_lora_bert_trains_only_its_adapters_and_reloads_from_peft_adapter_files(
-    spark, tmp_path, base_folder, strategy
+    spark, tmp_path, base_folder, strategy="ring"
 ):
     train = spark.createDataFrame(_token_rows(0, rows=256), SCHEMA)
     test = spark.createDataFrame(_token_rows(1, rows=64), SCHEMA)
@@ -126,4 +125,15 @@ def test_a_peft_model_with_nothing_to_train_is_refused_before_any_job(spark, tmp
     estimator = _estimator(Store.create(str(tmp_path / "store")), model=frozen)
     message = _spark.fit_refused_before_any_job(spark, estimator, df)
     for needle in ("no trainable parameters", "is_trainable=True", "get_peft_model"):
+        assert needle in message, message
+
+
+@pytest.mark.spark
+def test_a_peft_model_under_fsdp_is_refused_before_any_job(spark, tmp_path, base_folder):
+    df = spark.createDataFrame(_token_rows(4, rows=32), SCHEMA)
+    estimator = _estimator(
+        Store.create(str(tmp_path / "store")), model=_lora(base_folder), strategy="fsdp"
+    )
+    message = _spark.fit_refused_before_any_job(spark, estimator, df)
+    for needle in ("strategy='fsdp' with a PeftModel", "strategy='ring' or 'ddp'"):
         assert needle in message, message
