@@ -40,7 +40,13 @@ from ..rendezvous import iface
 
 log = logging.getLogger("ringtrain.ringcore")
 
-__all__ = ["install", "release_user_group", "ringcore_formed", "set_ringcore_formed"]
+__all__ = [
+    "forget_earlier_meshes",
+    "install",
+    "release_user_group",
+    "ringcore_formed",
+    "set_ringcore_formed",
+]
 
 _formed_by_ringcore = False
 
@@ -151,6 +157,27 @@ def _fresh_rendezvous(dist: Any, bound: dict[str, Any]) -> dict[str, Any]:
     return {**bound, "init_method": None, "store": prefixed, "rank": rank, "world_size": size}
 
 
+def forget_earlier_meshes() -> None:
+    """Forget the DTensor sharding decisions torch cached for earlier process groups.
+
+    torch caches them by ``DeviceMesh``, and two meshes over the same ranks compare equal
+    even when they were made from different groups. In a process that forms a second
+    group (a Spark Python worker's next job, an elastic re-formation) as another rank, a
+    cached decision handed the new job's tensors the old mesh, whose coordinate is this
+    process's rank in the old job: FSDP2's state_dict then named the wrong shard, and a
+    sharded checkpoint lost one ("Failed to validate global plan: ... invalid fill").
+    Called before every group this process forms; a no-op until DTensor is imported."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return  # nothing cached yet
+    try:
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+        _clear_sharding_prop_cache()  # the C++ fast path's cache and the Python one
+    except (ImportError, AttributeError) as exc:  # another torch: say so, go on
+        log.warning("could not clear torch's DTensor sharding cache (%s): a process that "
+                    "runs several jobs may mix their meshes", exc)  # fmt: skip
+
+
 def _guarded(original: Any) -> Any:
     signature = inspect.signature(original)
 
@@ -167,6 +194,8 @@ def _guarded(original: Any) -> Any:
             _check_backend(dist, bound.get("backend"))
             log.debug("init_process_group(): the job's group is already formed; using it")
             return None
+        if not dist.is_initialized():
+            forget_earlier_meshes()
         if not _launched_env_rendezvous(bound) or dist.is_initialized():
             return original(*args, **kwargs)  # torch's own way (and its own errors)
         _choose_interface()

@@ -113,6 +113,61 @@ def test_each_strategy_trains_alike_and_its_checkpoint_reloads_on_fewer_ranks(tm
         assert one[name]["steps"] == [3], name
 
 
+def _fsdp_job(folder: str) -> dict:
+    """One fsdp job: a step, a sharded checkpoint; the mesh coordinate of each entry of
+    the model's state_dict (tensors torch's DTensor dispatch made)."""
+    import torch
+
+    import ringcore.torch as hvd
+    from ringcore.torch.strategies import get_strategy
+
+    hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 2))
+    run = get_strategy("fsdp").prepare(model, torch.optim.Adam(model.parameters()))
+    run.model(torch.randn(3, 4)).sum().backward()
+    run.step()
+    coords = {k: v.device_mesh.get_coordinate() for k, v in model.state_dict().items()}
+    run.save_sharded(folder)
+    rank = hvd.rank()
+    hvd.shutdown()
+    return {"rank": rank, "coords": coords}
+
+
+def _next_job_as_the_other_rank(folder: str) -> list[dict]:
+    """A Spark Python worker runs job after job, not always as the same rank: here the
+    second job swaps the ranks of the two processes (its launcher's variables)."""
+    import os
+
+    from ringcore import _config as cfg
+    from ringcore.launch import torchrun_env
+    from ringcore.rendezvous.environment import worker_env
+    from ringcore.rendezvous.topology import topology_from_hosts
+
+    first = _fsdp_job(f"{folder}/first")
+    topology = topology_from_hosts(["127.0.0.1"] * 2, 1 - first["rank"])
+    addr, port = os.environ[cfg.STORE_ADDR_ENV_VAR], int(os.environ[cfg.STORE_PORT_ENV_VAR])
+    os.environ.update(
+        worker_env(topology, addr, port, external_store=True,
+                   secret=os.environ.get(cfg.SECRET_KEY_ENV_VAR))
+    )  # fmt: skip
+    os.environ.update(torchrun_env(topology, addr, int(os.environ["MASTER_PORT"]), "second"))
+    return [first, _fsdp_job(f"{folder}/second")]
+
+
+@pytest.mark.timeout(120)
+def test_fsdp_in_a_process_that_was_the_other_rank_of_an_earlier_job(tmp_path):
+    """torch caches DTensor sharding by mesh, and two meshes over the same ranks compare
+    equal across process groups: without the cache forgotten when a group forms, the
+    second job's tensors carried the first job's mesh (this process's earlier rank), and
+    its checkpoint lost a shard ("invalid fill", seen in CI)."""
+    results = run_workers(_next_job_as_the_other_rank, np=2, args=(str(tmp_path),), timeout=90)
+    for first, second in results:
+        assert second["rank"] == 1 - first["rank"]
+        for job in (first, second):
+            assert set(job["coords"].values()) == {(job["rank"],)}, job
+
+
 def test_bad_strategy_input_is_refused_by_name():
     import torch
 

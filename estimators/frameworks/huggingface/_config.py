@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..torch._config import TORCH_PARAMS, TorchConfig, torch_config
-from ._peft import base_of, is_peft_model
+from ._peft import base_of
 
 __all__ = ["HF_PARAMS", "HfConfig", "forward_params", "hf_config"]
 
@@ -107,14 +107,6 @@ def _max_length(tokenizer: Any, max_length: int | None) -> int | None:
 def hf_config(params: Mapping[str, Any], cfg: Any) -> HfConfig:
     """The fit's :class:`HfConfig`, checked (see the module docstring)."""
     torch_part = torch_config(params, cfg)
-    if torch_part.strategy == "fsdp" and is_peft_model(cfg.model):
-        raise ValueError(
-            "strategy='fsdp' with a PeftModel is not offered: in one of the test suite's runs "
-            "the sharded checkpoint of a LoRA BERT under fsdp failed torch.distributed."
-            "checkpoint's plan validation (each frozen tensor's shards counted once), and "
-            "the cause is not found yet. Use strategy='ring' or 'ddp': only the adapters "
-            "train, so each worker's gradients and optimizer state stay small."
-        )
     own_loss = cfg.loss is None and not torch_part.loss_constructors
     _check_features(cfg)
     if own_loss:
