@@ -94,10 +94,12 @@ def gpu_env(ctx: Any, use_gpu: bool | None, local_rank: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": addresses, GPU_ADDRESSES_ENV_VAR: addresses}
 
 
-def _host_major_rank(ctx: Any, spec: TaskSpec, slot: int, host: str) -> tuple[int, list[str]]:
-    """This task's rank and every slot's address. Ranks are host-major: the tasks of one
-    host get consecutive ranks, whatever order Spark gave the partitions."""
-    hosts = [str(h) for h in ctx.allGather(host)]
+def _host_major_rank(ctx: Any, spec: TaskSpec, slot: int) -> tuple[int, list[str]]:
+    """This task's rank and every slot's address (from the stage's task infos, which
+    every task has: no ``allGather``, each of which Spark answers after a whole second
+    at least, its barrier RPC being polled once a second). Ranks are host-major: the
+    tasks of one host get consecutive ranks, whatever order Spark gave the partitions."""
+    hosts = [str(info.address).rsplit(":", 1)[0] for info in ctx.getTaskInfos()]
     return host_major_order(list(spec.topology_hosts or hosts)).index(slot), hosts
 
 
@@ -178,8 +180,8 @@ def make_barrier_task(payload: bytes, spec: TaskSpec):
 
         ctx = BarrierTaskContext.get()
         slot = ctx.partitionId()
-        host = ctx.getTaskInfos()[slot].address.rsplit(":", 1)[0]
-        rank, hosts = _host_major_rank(ctx, spec, slot, host)
+        rank, hosts = _host_major_rank(ctx, spec, slot)
+        host = hosts[slot]
         with _task_environment(ctx, spec, rank, hosts) as conn:
             try:
                 fn, args, kwargs = cloudpickle.loads(payload)

@@ -353,8 +353,12 @@ def test_a_fit_failing_in_data_preparation_leaves_no_data_and_no_run(spark, tmp_
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_cross_validator_picks_a_model_over_a_tiny_grid(assembled, tmp_path):
-    estimator = _regressor(str(tmp_path), epochs=1)
+@pytest.mark.reliability(
+    fault="a run_id set under CrossValidator (each fit would resume the last one's run)",
+    category="bad-input",
+)
+def test_cross_validator_with_a_set_run_id_trains_every_grid_point_and_fold(assembled, tmp_path):
+    estimator = _regressor(str(tmp_path), epochs=1, run_id="grid")
     grid = ParamGridBuilder().addGrid(estimator.batch_size, [8, 64]).build()
     evaluator = RegressionEvaluator(predictionCol="y__output", labelCol="y", metricName="rmse")
     cv = CrossValidator(
@@ -363,3 +367,8 @@ def test_cross_validator_picks_a_model_over_a_tiny_grid(assembled, tmp_path):
     fitted = cv.fit(assembled)
     assert len(fitted.avgMetrics) == 2 and all(np.isfinite(fitted.avgMetrics))
     assert isinstance(fitted.bestModel, RingModel)
+    store = Store.create(str(tmp_path))
+    runs = sorted(os.listdir(store.get_runs_path()))
+    assert len(runs) == 5, runs  # 2 grid points x 2 folds, and the final refit on all rows
+    for run in runs:  # each trained its epoch: none resumed another's finished run
+        assert len(store.read_json(store.get_history_path(run))) == 1, run

@@ -1,6 +1,6 @@
 """A fit's ``run_id``: one outside the store is refused before any job or write, and a
 fit with other params does not resume a run it did not write (CrossValidator with a set
-``run_id`` trains every grid point and fold)."""
+``run_id``: test_estimator_persistence, on every stack)."""
 
 from __future__ import annotations
 
@@ -106,30 +106,3 @@ def test_a_fit_with_other_params_runs_apart_from_a_run_id_it_did_not_write(tmp_p
     legacy = "written-before"  # a run with no fingerprint is resumed as before
     store.write_atomic(store.get_checkpoint_path(legacy), lambda f: torch.save({"epoch": 1}, f))
     assert run_to_use(store, legacy, second) == legacy
-
-
-@pytest.mark.spark
-@pytest.mark.slow
-@pytest.mark.reliability(
-    fault="a run_id set under CrossValidator (each fit would resume the last one's run)",
-    category="bad-input",
-)
-def test_cross_validator_with_a_set_run_id_trains_every_grid_point_and_fold(spark, tmp_path):
-    from pyspark.ml.evaluation import RegressionEvaluator
-    from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
-
-    rows = [([float(i % 5), float(i % 3)], float(i % 5) - float(i % 3)) for i in range(48)]
-    frame = spark.createDataFrame(rows, ["x", "y"])
-    store_path = str(tmp_path / "store")
-    estimator = _regressor(store_path, epochs=1, run_id="grid")
-    grid = ParamGridBuilder().addGrid(estimator.batch_size, [4, 16]).build()
-    evaluator = RegressionEvaluator(predictionCol="y__output", labelCol="y", metricName="rmse")
-    cv = CrossValidator(
-        estimator=estimator, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2, seed=3
-    )
-    cv.fit(frame)
-    store = Store.create(store_path)
-    runs = sorted(os.listdir(store.get_runs_path()))
-    assert len(runs) == 5, runs  # 2 grid points x 2 folds, and the final refit on all rows
-    for run in runs:  # each trained its epoch: none resumed another's finished run
-        assert len(store.read_json(store.get_history_path(run))) == 1, run
