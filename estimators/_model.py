@@ -31,7 +31,7 @@ from ._params import MODEL_PARAMS, init_params, with_params
 from ._persistence import RingModelReader, RingModelWriter
 from .data._columns import check_columns, feature_expr, is_staged_as_is
 from .frameworks._base import Framework, Predictor
-from .frameworks._registry import framework_of, get_framework, registered_frameworks
+from .frameworks._registry import foreign_param, framework_of
 from .store._store import Store
 
 __all__ = ["RingModel"]
@@ -177,16 +177,16 @@ class RingModel(ModelAccessors, Model, MLWritable, MLReadable["RingModel"]):
     def _refuse_foreign_params(self, framework: Framework) -> None:
         """A param only another framework's models read (a tokenizer on a plain torch
         model) is an error, not silently ignored."""
-        for name in registered_frameworks():
-            owner = get_framework(name)
-            for param in sorted(owner.reads_model_params - framework.reads_model_params):
-                value = self.getOrDefault(param)
-                if value is not None:
-                    raise ValueError(
-                        f"{param}={value!r} is set, but only a {owner.name} model reads it and "
-                        f"this RingModel holds a {framework.name} model "
-                        f"({type(self.getModel()).__name__}). Unset it (setParams({param}=None))."
-                    )
+        found = foreign_param(
+            framework, lambda f: dict.fromkeys(sorted(f.reads_model_params)), self.getOrDefault
+        )
+        if found is not None:
+            owner, param, value = found
+            raise ValueError(
+                f"{param}={value!r} is set, but only a {owner.name} model reads it and "
+                f"this RingModel holds a {framework.name} model "
+                f"({type(self.getModel()).__name__}). Unset it (setParams({param}=None))."
+            )
 
     def _transform(self, dataset: DataFrame) -> DataFrame:
         names, features = self._output_names(), self._columns("feature_cols")

@@ -36,7 +36,7 @@ from .._params import ESTIMATOR_PARAMS
 from ..data._columns import label_kinds, text_columns
 from ..data._parquet_writer import pick_writer
 from ..frameworks._base import Framework
-from ..frameworks._registry import framework_of, get_framework, registered_frameworks
+from ..frameworks._registry import foreign_param, framework_of
 from ..store._default import default_store
 from ..store._runs import run_params, run_to_use
 from ..store._store import Store
@@ -176,14 +176,10 @@ def param_values(est: Any) -> dict[str, Any]:
 def refuse_foreign_params(values: Mapping[str, Any], framework: Framework) -> None:
     """A param that only another registered framework reads, set for a model of
     ``framework``, raises that framework's error (its loop is not the one that runs)."""
-    for name in registered_frameworks():
-        owner = get_framework(name)
-        for param, unset in owner.params.items():
-            value = values[param]
-            if param in framework.params or value is None or value is unset:
-                continue
-            if value != unset:
-                raise ValueError(owner.refusal(param, value, framework))
+    found = foreign_param(framework, lambda f: f.params, values.__getitem__)
+    if found is not None:
+        owner, param, value = found
+        raise ValueError(owner.refusal(param, value, framework))
 
 
 def _check_pickles(name: str, value: Any, setter: str) -> None:

@@ -14,13 +14,19 @@ package: a model of that framework exists only once the user imported it (look i
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ._base import Framework
 
-__all__ = ["framework_of", "get_framework", "register_framework", "registered_frameworks"]
+__all__ = [
+    "foreign_param",
+    "framework_of",
+    "get_framework",
+    "register_framework",
+    "registered_frameworks",
+]
 
 
 @dataclass(frozen=True)
@@ -98,3 +104,25 @@ def framework_of(model: Any) -> Framework:
     raise ValueError(
         f"model must be {listed}, got {type(model).__name__}. Set it with setModel(...)."
     )
+
+
+def foreign_param(
+    framework: Framework,
+    owned: Callable[[Framework], Mapping[str, Any]],
+    value_of: Callable[[str], Any],
+) -> tuple[Framework, str, Any] | None:
+    """The first param that only another registered framework reads and that is set, for
+    a model of ``framework``: ``(that framework, the param, its value)``, None if none.
+    ``owned(f)``: the params ``f`` reads, each with its unset value; ``value_of(param)``:
+    the param's value where it is set (the estimator's, the model's)."""
+    mine = owned(framework)
+    for name in registered_frameworks():
+        owner = get_framework(name)
+        for param, unset in owned(owner).items():
+            if param in mine:
+                continue
+            value = value_of(param)
+            if value is None or value is unset or value == unset:
+                continue
+            return owner, param, value
+    return None

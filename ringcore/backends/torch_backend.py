@@ -8,15 +8,17 @@ Used only from the engine's thread; the ring algorithms are the libraries'.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import torch
 
+from .. import _config as cfg
 from .._ops import ReduceOp
 from .host_staged import HostStaged
 from .protocol import Backend
 
-__all__ = ["TorchDistBackend", "torch_backend"]
+__all__ = ["TorchDistBackend", "group_timeout", "torch_backend"]
 
 # Element types Gloo and NCCL carry. Others (int16, the unsigned 16/32/64-bit types)
 # travel as a same-size carried type when only bytes move (allgather, broadcast,
@@ -44,6 +46,17 @@ def _as_carried(t: torch.Tensor) -> torch.Tensor:
     if t.dtype in _CARRIED:
         return t
     return t.view(_SAME_SIZE[t.element_size()])
+
+
+def group_timeout() -> datetime.timedelta:
+    """The timeout of every group ringcore makes besides the job's (the hierarchical
+    plane's cross-host groups, process sets, a Gloo side group): the job's Gloo timeout,
+    ``RING_GLOO_TIMEOUT_SECONDS``. torch gives ``new_group`` its own default (30 min),
+    not the default group's: a rank whose peer in such a group was partitioned away
+    waited that long instead of failing."""
+    return datetime.timedelta(
+        seconds=cfg.get_float(cfg.GLOO_TIMEOUT_ENV_VAR, cfg.DEFAULT_GLOO_TIMEOUT_S)
+    )
 
 
 def torch_backend() -> Backend:
@@ -77,7 +90,7 @@ class TorchDistBackend:
         self.name = "nccl" if config.get("cuda") == "nccl" else str(dist.get_backend())
         self._cpu_groups: dict[Any, Any] | None = None
         if "cpu" not in config:
-            self._cpu_groups = {None: dist.new_group(backend="gloo")}
+            self._cpu_groups = {None: dist.new_group(backend="gloo", timeout=group_timeout())}
         self._ops = {
             ReduceOp.Sum: dist.ReduceOp.SUM,
             ReduceOp.Average: dist.ReduceOp.SUM,
@@ -146,9 +159,11 @@ class TorchDistBackend:
     def new_group(self, ranks: list[int], size: int) -> Any:
         if len(ranks) == size:
             return None
-        group = self.dist.new_group(ranks)
+        group = self.dist.new_group(ranks, timeout=group_timeout())
         if self._cpu_groups is not None:
-            self._cpu_groups[group] = self.dist.new_group(ranks, backend="gloo")
+            self._cpu_groups[group] = self.dist.new_group(
+                ranks, backend="gloo", timeout=group_timeout()
+            )
         return group
 
     def broadcast_object(self, obj: Any, root: int = 0) -> Any:

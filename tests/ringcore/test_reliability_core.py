@@ -148,6 +148,53 @@ def test_a_hung_rank_fails_the_others_after_the_gloo_timeout_or_the_stall_shutdo
     )
 
 
+def _silent_peer_in_a_subgroup(tmp: str) -> tuple[str, str, float]:
+    """Ranks 0 and 1 make a group of their own, as the hierarchical plane's cross-host
+    groups and the process sets' groups are made; rank 1 never joins the op on it, and
+    stays alive with its sockets open until rank 0 is done."""
+    import time
+    from pathlib import Path
+
+    import torch
+
+    import ringcore.torch as hvd
+    from ringcore._ops import ReduceOp
+    from ringcore.backends.torch_backend import TorchDistBackend
+
+    hvd.init()
+    backend = TorchDistBackend()
+    group = backend.new_group([0, 1], hvd.size())
+    done = Path(tmp, "done")
+    if hvd.rank() != 0:
+        deadline = time.time() + 60
+        while not done.exists() and time.time() < deadline:
+            time.sleep(0.1)
+        return ("", "", 0.0)
+    started = time.time()
+    try:
+        backend.allreduce(torch.ones(4), ReduceOp.Sum, group)
+        outcome = ("no error", "", time.time() - started)
+    except Exception as exc:
+        outcome = (type(exc).__name__, str(exc), time.time() - started)
+    done.write_text("")
+    return outcome
+
+
+@pytest.mark.timeout(120)
+def test_a_group_made_for_part_of_the_ranks_times_out_as_the_job_s_own(tmp_path):
+    """torch gives a group made with new_group its own default timeout, 30 min, not the
+    job's: a rank in the hierarchical plane's cross-host allreduce waited that long for
+    a partitioned host (seen in CI). ringcore's groups take RING_GLOO_TIMEOUT_SECONDS."""
+    limit = 3.0
+    res = run_workers(
+        _silent_peer_in_a_subgroup, np=3, args=(str(tmp_path),),
+        env={"RING_GLOO_TIMEOUT_SECONDS": str(limit)}, timeout=60,
+    )  # fmt: skip
+    kind, message, elapsed = res[0]
+    assert kind != "no error" and "timed out" in message.lower(), (kind, message)
+    assert limit - 1 <= elapsed < limit + 15, f"after {elapsed:.1f} s"
+
+
 def _late_rank_worker():
     import ringcore.torch as hvd
 
