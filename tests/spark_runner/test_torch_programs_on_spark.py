@@ -68,11 +68,16 @@ def test_torch_distributor_on_spark_returns_rank_0s_result(spark):
 
 
 def test_torch_distributor_local_mode_runs_on_the_driver_without_a_spark_job(spark, tmp_path):
+    """Local mode starts fresh processes on the driver: it runs the two programs that
+    call torch.distributed themselves. The Lightning and Trainer programs read the same
+    variables, set by the same code; they run on Spark above and on every launcher,
+    and their imports in fresh processes would cost this test the most."""
     sc = spark.sparkContext
     jobs = len(sc.statusTracker().getJobIdsForGroup(None))
     distributor = spark_runner.TorchDistributor(num_processes=2, local_mode=True, use_gpu=False)
-    result = distributor.run(_torch_programs.run_all)
+    result = distributor.run(_torch_programs.run_all, ["ddp", "fsdp2"])
     assert {(r["rank"], r["world_size"]) for r in result.values()} == {(0, 2)}
+    assert set(result) == {"ddp", "fsdp2"}
     assert distributor.run(MAIN, str(tmp_path), "ddp") is None
     _in_step(_files(str(tmp_path)), ["ddp"])
     assert len(sc.statusTracker().getJobIdsForGroup(None)) == jobs
