@@ -163,6 +163,27 @@ def _wait_for_lines(proc: subprocess.Popen, word: str, count: int, timeout: floa
     return found
 
 
+def _started(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks after boot): with the pid, it names one process
+    (pid_max is 32768 on these machines)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _commands(pids: list[int]) -> dict[int, str]:
+    out = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                out[pid] = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            out[pid] = "?"
+    return out
+
+
 @pytest.mark.reliability(fault="Ctrl-C to ringrun", category="fault")
 @pytest.mark.parametrize("where", ["local", "ssh"])
 def test_ctrl_c_ends_every_rank_and_the_processes_they_started(tmp_path, fake_ssh, where):
@@ -176,13 +197,20 @@ def test_ctrl_c_ends_every_rank_and_the_processes_they_started(tmp_path, fake_ss
         lines = _wait_for_lines(proc, "grandchild", 2, timeout=30)
         assert len(lines) == 2, proc.stderr.read() if proc.poll() is not None else lines
         pids = [int(line.split()[-1]) for line in lines]
-        assert all(alive(p) for p in pids)
+        grandchildren = {p: _started(p) for p in pids}
+        assert all(alive(p) for p in grandchildren)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 130
+
+        def left() -> list[int]:  # the same processes, not others that reuse their pids
+            return [p for p, t in grandchildren.items() if alive(p) and _started(p) == t]
+
         deadline = time.monotonic() + 10
-        while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        while left() and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(alive(p) for p in pids), "a grandchild outlived ringrun"
+        if left():  # what ringrun said, and what the survivor is
+            err = proc.stderr.read()[-3000:]  # type: ignore[union-attr]
+            pytest.fail(f"a grandchild outlived ringrun: {_commands(left())}\n{err}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
