@@ -8,15 +8,14 @@ Used only from the engine's thread; the ring algorithms are the libraries'.
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 import torch
 
-from .. import _config as cfg
 from .._ops import ReduceOp
 from .host_staged import HostStaged
 from .protocol import Backend
+from .torch_ring import group_timeout
 
 __all__ = ["TorchDistBackend", "group_timeout", "torch_backend"]
 
@@ -46,17 +45,6 @@ def _as_carried(t: torch.Tensor) -> torch.Tensor:
     if t.dtype in _CARRIED:
         return t
     return t.view(_SAME_SIZE[t.element_size()])
-
-
-def group_timeout() -> datetime.timedelta:
-    """The timeout of every group ringcore makes besides the job's (the hierarchical
-    plane's cross-host groups, process sets, a Gloo side group): the job's Gloo timeout,
-    ``RING_GLOO_TIMEOUT_SECONDS``. torch gives ``new_group`` its own default (30 min),
-    not the default group's: a rank whose peer in such a group was partitioned away
-    waited that long instead of failing."""
-    return datetime.timedelta(
-        seconds=cfg.get_float(cfg.GLOO_TIMEOUT_ENV_VAR, cfg.DEFAULT_GLOO_TIMEOUT_S)
-    )
 
 
 def torch_backend() -> Backend:

@@ -60,13 +60,13 @@ def _is_adapter(name: str) -> bool:
 
 @pytest.mark.spark
 def test_a_lora_bert_trains_only_its_adapters_and_reloads_from_peft_adapter_files(
-    spark, tmp_path, base_folder, strategy="fsdp"
+    spark, tmp_path, base_folder
 ):
     train = spark.createDataFrame(_token_rows(0, rows=256), SCHEMA)
     test = spark.createDataFrame(_token_rows(1, rows=64), SCHEMA)
     model = _lora(base_folder)
     estimator = _estimator(
-        Store.create(str(tmp_path / "store")), model=model, strategy=strategy,
+        Store.create(str(tmp_path / "store")), model=model, strategy="fsdp",
         optimizer=torch.optim.Adam(model.parameters(), lr=1e-2),
     )  # fmt: skip
     fitted = estimator.fit(train)

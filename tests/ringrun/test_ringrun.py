@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 from _netns import alive
 from _reliability import record
@@ -163,13 +164,11 @@ def _wait_for_lines(proc: subprocess.Popen, word: str, count: int, timeout: floa
     return found
 
 
-def _started(pid: int) -> int | None:
-    """When ``pid`` started (clock ticks after boot): with the pid, it names one process
-    (pid_max is 32768 on these machines)."""
+def _started(pid: int) -> float | None:
+    """When ``pid`` started: with the pid, it names one process (pids are reused)."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
         return None
 
 
@@ -177,9 +176,8 @@ def _commands(pids: list[int]) -> dict[int, str]:
     out = {}
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                out[pid] = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
+            out[pid] = " ".join(psutil.Process(pid).cmdline())
+        except psutil.Error:
             out[pid] = "?"
     return out
 
