@@ -102,7 +102,8 @@ class Engine(Submission, FastLane, Receiver, Execution):
         #: what the control path did (tests and bench/control_path.py read it): requests
         #: sent in full, as a cache id with this call's fields, as the bare id; requests
         #: a blocking op sent at once from its caller's thread; response entries that
-        #: came as bare ids; ops run through a fusion buffer with others
+        #: came as bare ids; ops run through a fusion buffer with others; ops run in the
+        #: fast lane, and those of them the coordinator had not cached
         self.stats = dict.fromkeys(
             (
                 "sent_full",
@@ -112,6 +113,7 @@ class Engine(Submission, FastLane, Receiver, Execution):
                 "entries_compact",
                 "ops_fused",
                 "fast",
+                "fast_uncached",
                 "ops_in_slot",
             ),
             0,

@@ -1,15 +1,19 @@
 """The fast lane: on a job whose ranks all share one host's shared-memory group, a caller
 that waits for an op (``synchronize``, a blocking op) while every op this rank has
-submitted is still queued here, each a cached allreduce, runs that whole batch in its
-own thread, fused as the coordinator would, without the coordinator, once every rank
-has voted for the same batch (``ringcore.shm.vote``); otherwise, and whenever the ranks
-disagree, the ops take the coordinator's path. While the lane can be taken, the sender
+submitted is still queued here, each an allreduce, runs that whole batch in its own
+thread, fused as the coordinator would, without the coordinator, once every rank has
+voted for the same batch (``ringcore.shm.vote``); otherwise, and whenever the ranks
+disagree, the ops take the coordinator's path. An op is named in the vote by its cache
+id when the coordinator has cached it, else by a digest of the whole request
+(:func:`request_key`): an unnamed op (named by a counter, never cached) or a name seen
+for the first time takes the lane as a repeated one does. While the lane can be taken, the sender
 thread waits for a cycle without new submissions before sending a burst
 (:data:`LANE_IDLE_S`). A part of :class:`~ringcore.engine.engine.Engine`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Callable
 from typing import Any, cast
@@ -23,12 +27,13 @@ from .handle import Handle
 from .protocol import CachedId, CachedRequest, Entry, Request
 from .timeline import Timeline
 
-__all__ = ["LANE_IDLE_S", "FastLane", "batch_key", "lane_votes"]
+__all__ = ["LANE_IDLE_S", "FastLane", "batch_key", "lane_votes", "request_key"]
 
 #: on a fast-lane job, how long the sender thread waits after the last op was queued
 #: before it sends the queue to the coordinator (a waiting caller takes it first)
 LANE_IDLE_S = 0.005
 _ALLREDUCE, _ADASUM = OpKind.ALLREDUCE, ReduceOp.Adasum
+_UNCACHED = 1 << 62  # request_key's keys are at or above it, cache ids below
 
 
 class FastLane:
@@ -54,9 +59,10 @@ class FastLane:
     _allreduce_bufs: Callable[..., None]
 
     def _lane_batch(self) -> list[tuple[int, Handle]] | None:
-        """Every op of this rank, as (cache id, handle), when they may take the fast lane
-        (under ``self._lock``): all still queued here (none sent), each an allreduce of
-        the whole job on CPU whose name is cached with this call's fields; else None."""
+        """Every op of this rank, as (key, handle), when they may take the fast lane (under
+        ``self._lock``): all still queued here (none sent), each an allreduce of the whole
+        job on CPU; else None. The key: the cache id when the name is cached with this
+        call's fields and shape, else :func:`request_key`."""
         if (
             not self.outbox
             or len(self.pending) != len(self.outbox)
@@ -79,12 +85,11 @@ class FastLane:
             ):
                 return None
             cached = self.cache.get((0, name))
-            if cached is None or cached[1] != h.sig:
-                return None
-            learnt = self.cids.get(cached[0])
-            if learnt is None or learnt[1] != req.shape:
-                return None
-            batch.append((cached[0], h))
+            learnt = self.cids.get(cached[0]) if cached is not None else None
+            if cached is not None and cached[1] == h.sig and learnt and learnt[1] == req.shape:
+                batch.append((cached[0], h))  # the coordinator's id: every rank learnt it
+            else:  # a name not cached (unnamed: a counter's), or cached with other fields
+                batch.append((request_key(name, h.sig, req.shape), h))
         return batch
 
     def _run_lane(self) -> bool:
@@ -124,6 +129,7 @@ class FastLane:
                 return False
             self._run_batch(batch)
             self.stats["fast"] += len(batch)
+            self.stats["fast_uncached"] += sum(key >= _UNCACHED for key, _ in batch)
             return True
         finally:
             with self._lock:
@@ -171,7 +177,20 @@ def lane_votes(backend: Any, size: int) -> Any:
     return getattr(shm, "votes", None)
 
 
+def request_key(name: str, sig: tuple, shape: tuple[int, ...]) -> int:
+    """A lane key for an op the coordinator has not cached: a 64-bit digest of its name,
+    the fields every rank must agree on, and its shape, at or above ``1 << 62`` (above any
+    cache id). Every rank that submits the same op computes the same key (``repr`` of
+    strings, ints, floats and enums, and BLAKE2b, are the same in every process; ``hash``
+    of a string is not), so the ranks vote on the whole request. Ranks that disagree on
+    any field propose different keys: the proposal aborts and the coordinator, which
+    compares field by field, raises the mismatch on every rank, naming the field."""
+    digest = hashlib.blake2b(repr((name, sig, shape)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") | _UNCACHED
+
+
 def batch_key(cids: list[int]) -> int:
-    """One int64 naming a batch of cache ids (sorted): the proposal's key. Hashes of int
-    tuples are the same in every process (no hash randomisation for ints)."""
+    """One int64 naming a batch of op keys (sorted: cache ids and ``request_key``s): the
+    proposal's key. Hashes of int tuples are the same in every process (no hash
+    randomisation for ints)."""
     return hash((len(cids), tuple(cids))) & ((1 << 62) - 1)

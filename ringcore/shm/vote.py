@@ -2,16 +2,16 @@
 without asking the coordinator.
 
 A caller that waits for its rank's queued ops (none sent to the coordinator yet, each
-an allreduce of a name the coordinator has already cached) does not need rank 0 to
-order them: if every rank is, at this moment, waiting on the same batch with nothing
+an allreduce) does not need rank 0 to order them: if every rank is, at this moment, waiting on the same batch with nothing
 else in flight, each can run it at once through the shared-memory group, from its own
 thread. That saves the requests to rank 0, the coordinator's wake-up and the response,
 and the hand-off to and from the engine's thread: most of a small op's cost
 (docs/architecture.md, "The fast lane"). A proposal names its batch by one int64 key
-(``Engine._batch_key`` of the sorted cache ids).
+(``ringcore.engine.lane.batch_key`` of its ops' sorted keys: a cache id, or a digest of
+the whole request for a name the coordinator has not cached).
 
 **State** (int64 words of the segment). The header line holds one *proposal*: its id
-``P``, the op's cache id, a bit mask of the ranks that voted for it, and its state
+``P``, the batch's key, a bit mask of the ranks that voted for it, and its state
 (open, committed, aborted). Each rank's control line holds ``busy``: how many ops the
 rank has sent to the coordinator and not yet run (a pending ``join`` counts), or
 ``GONE`` once it shut down or broke; only its own engine writes it.
