@@ -68,6 +68,7 @@ class Handle:
     sig: tuple | None = None  # the request's signature, for the response cache
     req: Any = None  # the request as submitted (the fast lane reads its fields)
     event: Any = None  # CUDA: ready on the submitting stream after this event (see cuda_streams)
+    held: bool = False  # its submitter waits for it next (a gradient): see submit.HOLD_MAX_S
 
     def output(self, value: Any) -> Any:
         """What the caller gets for the backend's ``value``: written into ``into`` (copied

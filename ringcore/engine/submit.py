@@ -24,7 +24,11 @@ from .messages import JoinRequest, RequestBatch
 from .protocol import CachedId, CachedRequest, Entry, Request
 from .wire import Channel, MessageTooLarge
 
-__all__ = ["Submission"]
+__all__ = ["HOLD_MAX_S", "Submission"]
+
+#: on a fast-lane job, how long after the last submission the sender keeps ops that their
+#: submitter waits for next (``Handle.held``) before it sends them to the coordinator
+HOLD_MAX_S = 1.0
 
 
 class Submission:
@@ -177,19 +181,42 @@ class Submission:
                     continue
             time.sleep(self.cycle_time_s)  # let a burst of submissions gather
             if self.votes is not None:
-                # the fast lane takes a whole burst when its caller waits: send only once
-                # no op was queued during a whole LANE_IDLE_S this thread watched (ops
-                # submitted and left unwaited on still leave within twice that of the
-                # last one). Counted, not timed from the last op: a pause of the
-                # submitting thread that holds the GIL (a full garbage collection: ~86 ms
-                # with torch imported) would look like the end of its burst and send it
-                # away from the lane
-                idle = max(self.cycle_time_s, LANE_IDLE_S)
-                seen = -1
-                while (queued := self._queued) != seen:
-                    seen = queued
-                    time.sleep(idle)
+                self._await_lane()
             self.flush()
+
+    def _await_lane(self) -> None:
+        """On a fast-lane job, what the sender waits for before it sends the queue.
+
+        The lane takes a whole burst when its caller waits: send only once no op was
+        queued during a whole ``LANE_IDLE_S`` this thread watched (ops submitted and left
+        unwaited on still leave within twice that of the last one). Counted, not timed
+        from the last op: a pause of the submitting thread that holds the GIL (a full
+        garbage collection: ~86 ms with torch imported) would look like the end of its
+        burst and send it away from the lane.
+
+        Ops whose submitter waits for them next (``Handle.held``: the gradients that
+        ``DistributedOptimizer.step()`` waits for) stay queued while they are all the
+        queue holds, up to ``HOLD_MAX_S`` after the last one came: a backward pass of
+        large layers leaves more than ``LANE_IDLE_S`` between two gradients, and sending
+        the first ones would take the whole step's gradients to the coordinator."""
+        idle = max(self.cycle_time_s, LANE_IDLE_S)
+        seen, changed = -1, time.monotonic()
+        while not self.closed.is_set():
+            queued = self._queued
+            if queued != seen:
+                seen, changed = queued, time.monotonic()
+            elif not self._all_held() or time.monotonic() - changed >= HOLD_MAX_S:
+                return
+            time.sleep(idle)
+
+    def _all_held(self) -> bool:
+        """Every op of this rank is queued here, each one its submitter waits for next."""
+        with self._lock:
+            return (
+                bool(self.outbox)
+                and len(self.pending) == len(self.outbox)
+                and all(h.held for h in self.pending.values())
+            )
 
     def _compact(
         self, key: tuple[int, str], req: Request, handle: Handle

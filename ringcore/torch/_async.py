@@ -176,17 +176,28 @@ def allreduce_async_(
 
 
 def _allreduce_start(
-    tensor, average, name, op, prescale_factor, postscale_factor, process_set, inplace, now
+    tensor,
+    average,
+    name,
+    op,
+    prescale_factor,
+    postscale_factor,
+    process_set,
+    inplace,
+    now,
+    held=False,
 ) -> int:
     """``allreduce_async(_)``; ``now``: the caller synchronizes next (a blocking form),
-    so the request leaves from this thread at once (``Engine.submit_many``)."""
+    so the request leaves from this thread at once (``Engine.submit_many``); ``held``:
+    the caller waits for it before anything else (a gradient the optimizer's step waits
+    for), so on a one-host job it stays queued for the fast lane (``Handle.held``)."""
     what = "allreduce_async_" if inplace else "allreduce_async"
     rop = resolve_op(average, op)
     eng = engine()
     name = name or eng.auto_name(_ALLREDUCE)
     req = _allreduce_req(tensor, name, rop, prescale_factor, postscale_factor, process_set, what)
     if inplace:
-        handle = Handle(name, _ALLREDUCE, tensor=_wire(tensor), into=tensor)
+        handle = Handle(name, _ALLREDUCE, tensor=_wire(tensor), into=tensor, held=held)
     else:
         handle = _input_handle(name, tensor)
     return _register(eng.submit(handle, req, now=now))

@@ -28,7 +28,7 @@ import torch
 from .._ops import ReduceOp
 from ..runtime.process_sets import ProcessSet, check_process_set, global_process_set
 from ..runtime.state import size
-from ._async import allreduce_async_, grouped_allreduce_async_
+from ._async import _allreduce_start, grouped_allreduce_async_
 from ._compression import Compression, Compressor
 from ._handles import discard, synchronize
 from ._sparse import sparse_allreduce_async
@@ -118,13 +118,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         wire, ctx = self._compression.compress(grad)
         pre, post = self._scales()
-        handle = allreduce_async_(
+        handle = _allreduce_start(  # allreduce_async_, held for step()'s wait
             wire,
-            name=f"allreduce.{self._names[p]}",
-            op=self._op,
-            prescale_factor=pre,
-            postscale_factor=post,
-            process_set=self._process_set,
+            None,
+            f"allreduce.{self._names[p]}",
+            self._op,
+            pre,
+            post,
+            self._process_set,
+            True,
+            False,
+            held=True,
         )
         self._handles[p] = (handle, (wire, ctx))
 
