@@ -27,7 +27,7 @@ from .handle import Handle
 from .protocol import CachedId, CachedRequest, Entry, Request
 from .timeline import Timeline
 
-__all__ = ["LANE_IDLE_S", "FastLane", "batch_key", "lane_votes", "request_key"]
+__all__ = ["LANE_IDLE_S", "FastLane", "batch_key", "lane_kind", "lane_votes", "request_key"]
 
 #: on a fast-lane job, how long the sender thread waits after the last op was queued
 #: before it sends the queue to the coordinator (a waiting caller takes it first)
@@ -75,14 +75,7 @@ class FastLane:
         batch = []
         for (ps, name), h in self.pending.items():
             req = h.req
-            if (
-                ps != 0
-                or req is None
-                or req.kind != _ALLREDUCE
-                or req.device != "cpu"
-                or req.group is not None
-                or req.op == _ADASUM
-            ):
+            if ps != 0 or not lane_kind(req):
                 return None
             cached = self.cache.get((0, name))
             learnt = self.cids.get(cached[0]) if cached is not None else None
@@ -166,6 +159,18 @@ class FastLane:
                         h.resolve(error=err)
                 self._break(f"a backend collective failed ({why})")
                 return
+
+
+def lane_kind(req: Any) -> bool:
+    """Whether an op of process set 0 is of a kind the lane runs: an allreduce of CPU
+    tensors, not Adasum, not a member of a grouped allreduce."""
+    return (
+        req is not None
+        and req.kind == _ALLREDUCE
+        and req.device == "cpu"
+        and req.group is None
+        and req.op != _ADASUM
+    )
 
 
 def lane_votes(backend: Any, size: int) -> Any:

@@ -19,7 +19,7 @@ from .._errors import RingInternalError
 from .._ops import OpKind
 from .cuda_streams import mark_ready
 from .handle import Handle
-from .lane import LANE_IDLE_S
+from .lane import LANE_IDLE_S, lane_kind
 from .messages import JoinRequest, RequestBatch
 from .protocol import CachedId, CachedRequest, Entry, Request
 from .wire import Channel, MessageTooLarge
@@ -210,12 +210,16 @@ class Submission:
             time.sleep(idle)
 
     def _all_held(self) -> bool:
-        """Every op of this rank is queued here, each one its submitter waits for next."""
+        """Every op of this rank is queued here, each one its submitter waits for next and
+        of a kind the lane runs. Any other (a CUDA gradient, one of a process set) leaves
+        as before: on its path the coordinator's early start overlaps it with backward."""
         with self._lock:
             return (
                 bool(self.outbox)
                 and len(self.pending) == len(self.outbox)
-                and all(h.held for h in self.pending.values())
+                and all(
+                    h.held and ps == 0 and lane_kind(h.req) for (ps, _), h in self.pending.items()
+                )
             )
 
     def _compact(
