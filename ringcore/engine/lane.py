@@ -82,7 +82,13 @@ class FastLane:
             if cached is not None and cached[1] == h.sig and learnt and learnt[1] == req.shape:
                 batch.append((cached[0], h))  # the coordinator's id: every rank learnt it
             else:  # a name not cached (unnamed: a counter's), or cached with other fields
-                batch.append((request_key(name, h.sig, req.shape), h))
+                # the bindings reuse one request per name and shape: its key is kept on
+                # it (with what it was computed from: ``expand`` copies a request's dict)
+                kept = req.__dict__.get("_lane_key")
+                if kept is None or kept[0] != (name, req.shape):
+                    key = request_key(name, h.sig, req.shape)
+                    kept = req.__dict__["_lane_key"] = ((name, req.shape), key)
+                batch.append((kept[1], h))
         return batch
 
     def _run_lane(self) -> bool:
