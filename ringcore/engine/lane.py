@@ -86,7 +86,7 @@ class FastLane:
                 # it (with what it was computed from: ``expand`` copies a request's dict)
                 kept = req.__dict__.get("_lane_key")
                 if kept is None or kept[0] != (name, req.shape):
-                    key = request_key(name, h.sig, req.shape)
+                    key = request_key(name, req.signature(), req.shape)
                     kept = req.__dict__["_lane_key"] = ((name, req.shape), key)
                 batch.append((kept[1], h))
         return batch
