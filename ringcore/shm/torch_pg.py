@@ -274,6 +274,63 @@ class RingProcessGroup(dist.ProcessGroup):
             return self.gloo.barrier(opts if opts is not None else dist.BarrierOptions())
         return self._run(self.shm.barrier, [])
 
+    # ---- the coalesced forms (DTensor's functional collectives call them) ---------------
+    # torch's trampoline holds the GIL while it falls through to the C++ default of a
+    # method Python does not override; Gloo's worker thread then needed the GIL to free a
+    # finished work while holding its queue's lock, and the rank hung (pytorch 2.13, seen
+    # with DTensor.full_tensor()). Every method the trampoline intercepts is therefore
+    # defined here, and what goes to Gloo goes through its bindings, which release the GIL.
+
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        opts = opts if opts is not None else dist.AllgatherOptions()
+        if len(outputs) != len(inputs) or not all(
+            self._ours([o, i]) and o.dtype == i.dtype and o.numel() == self._size * i.numel()
+            for o, i in zip(outputs, inputs)
+        ):
+            works = [self._other([i])._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]
+            return self._all(works, outputs)
+
+        def run() -> None:
+            for o, i in zip(outputs, inputs):
+                o.copy_(self._gather_rows(i).view(o.shape))
+
+        return self._run(run, outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        if len(outputs) != len(inputs) or not all(
+            self._ours([o, i], opts.reduceOp)
+            and o.dtype == i.dtype
+            and i.numel() == self._size * o.numel()
+            for o, i in zip(outputs, inputs)
+        ):
+            works = [
+                self._other([i])._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)
+            ]
+            return self._all(works, outputs)
+
+        def run() -> None:
+            for o, i in zip(outputs, inputs):
+                self._scatter(i, o, opts.reduceOp)
+
+        return self._run(run, outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    @staticmethod
+    def _all(works: list[Any], result: list[torch.Tensor]) -> Any:
+        """One completed work for ``works``, waited for here (the fallback of a coalesced
+        op: Gloo's backend binds no coalesced form of it)."""
+        for w in works:
+            w.wait()
+        return _done(result)
+
     # ---- the rest: Gloo's -------------------------------------------------------------
 
     def alltoall_base(self, output: Any, input: Any, out_splits: Any, in_splits: Any, opts: Any = None) -> Any:

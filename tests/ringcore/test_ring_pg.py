@@ -215,6 +215,19 @@ def _fsdp_losses(group) -> list[float]:
     return losses
 
 
+def _dtensor_sums(pg) -> list[float]:
+    """DTensor's functional collectives (``full_tensor``: a coalesced all-gather from C++),
+    many times over: through torch's trampoline's fall-through they once hung a rank."""
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = DeviceMesh.from_group(pg, "cpu")
+    torch.manual_seed(0)
+    shards = [distribute_tensor(torch.randn(64, 32), mesh, [Shard(0)]) for _ in range(10)]
+    return [sum(float(d.full_tensor().sum()) for d in shards) for _ in range(20)]
+
+
 def _one_host() -> dict:
     import torch
     import torch.distributed as dist
@@ -236,6 +249,9 @@ def _one_host() -> dict:
     out["fsdp_ring"] = _fsdp_losses(pg)
     out["fsdp_shm_ops"] = pg.stats["shm"] - before
     out["fsdp_gloo"] = _fsdp_losses(gloo)
+    before = pg.stats["shm"]
+    out["dtensor"], out["dtensor_gloo"] = _dtensor_sums(pg), _dtensor_sums(gloo)
+    out["dtensor_shm_ops"] = pg.stats["shm"] - before
     dist.destroy_process_group()
     return out
 
@@ -285,6 +301,12 @@ def test_fsdp2_over_ring_trains_with_gloos_losses(one_host):
         assert r["fsdp_ring"][-1] < r["fsdp_ring"][0]  # it trains
 
 
+def test_dtensor_full_tensor_over_ring_equals_gloos_and_never_hangs(one_host):
+    for r in one_host:
+        assert r["dtensor"] == r["dtensor_gloo"]
+        assert r["dtensor_shm_ops"] == 200  # each all-gather through shared memory
+
+
 def _gloo_only() -> dict:
     import torch
     import torch.distributed as dist
@@ -296,7 +318,9 @@ def _gloo_only() -> dict:
     x = torch.arange(3.0) * (dist.get_rank() + 1)
     dist.all_reduce(x)
     weights = _ddp_weights(None)
+    dtensor = _dtensor_sums(pg)
     out = {"reason": pg.reason, "shm": pg.shm, "sum": x.tolist(), "stats": dict(pg.stats)}
+    out["dtensor_same"] = len(set(dtensor)) == 1
     out["weights"] = float(sum(v.double().sum() for v in weights.values()))
     dist.destroy_process_group()
     return out
@@ -308,6 +332,7 @@ def test_ranks_on_two_hosts_use_gloo_for_every_op():
         assert r["reason"] == "its 2 ranks are on 2 hosts (no hierarchical plan yet)"
         assert (r["shm"], r["sum"], r["stats"]["shm"]) == (None, [0.0, 3.0, 6.0], 0)
     assert results[0]["weights"] == results[1]["weights"]
+    assert all(r["dtensor_same"] for r in results)
 
 
 def test_ring_torch_backend_0_makes_ring_gloo():
@@ -315,6 +340,7 @@ def test_ring_torch_backend_0_makes_ring_gloo():
     for r in results:
         assert (r["reason"], r["shm"], r["sum"]) == ("RING_TORCH_BACKEND=0", None, [0.0, 3.0, 6.0])
         assert r["stats"]["shm"] == 0 and r["stats"]["gloo"] > 0
+        assert r["dtensor_same"]
 
 
 def test_importing_the_backend_loads_neither_pyspark_nor_ray():
