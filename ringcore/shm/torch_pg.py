@@ -30,14 +30,13 @@ expect. Ranks on several hosts use Gloo for every op (a hierarchical plan, as
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C import _distributed_c10d as c10d
+from torch._C import _distributed_c10d
 
 from .._ops import ReduceOp
 from .group import ShmGroup
@@ -45,11 +44,11 @@ from .reduce import DTYPES
 
 __all__ = ["BACKEND_NAME", "RingProcessGroup"]
 
-log = logging.getLogger("ringtrain.ringcore.shm")
+c10d: Any = _distributed_c10d  # its stubs lack the private helpers used here
 
 BACKEND_NAME = "ring"
 
-_RED = dist.ReduceOp.RedOpType
+_RED: Any = dist.ReduceOp.RedOpType
 _SHM_OPS = {
     _RED.SUM: ReduceOp.Sum,
     _RED.AVG: ReduceOp.Average,
@@ -57,6 +56,11 @@ _SHM_OPS = {
     _RED.MAX: ReduceOp.Max,
     _RED.PRODUCT: ReduceOp.Product,
 }
+
+
+# torch's stubs type each collective of ProcessGroup with overloads that one method
+# serving every form cannot match: the class is checked as a subclass of Any.
+_ProcessGroup: Any = dist.ProcessGroup
 
 
 def _shm_op(op: Any) -> ReduceOp | None:
@@ -86,7 +90,7 @@ def _in_place(fn: Callable[[torch.Tensor], Any], t: torch.Tensor) -> None:
         t.copy_(x)
 
 
-class RingProcessGroup(dist.ProcessGroup):
+class RingProcessGroup(_ProcessGroup):
     """One group of ``torch.distributed`` ranks: ``shm`` (None: ranks on several hosts,
     or shared memory off) for the CPU collectives it implements, ``gloo`` for the rest,
     ``cuda`` (None without NCCL) for CUDA tensors. ``reason`` says, in words, why the
@@ -114,7 +118,7 @@ class RingProcessGroup(dist.ProcessGroup):
 
     # ---- identity -----------------------------------------------------------------------
 
-    def getBackendName(self) -> str:  # noqa: N802 (torch's trampoline looks this name up)
+    def getBackendName(self) -> str:  # the name torch's trampoline looks up
         return BACKEND_NAME
 
     def rank(self) -> int:
@@ -170,12 +174,13 @@ class RingProcessGroup(dist.ProcessGroup):
 
     def _allreduce(self, tensors: list[torch.Tensor], op: Any) -> None:
         """One fused allreduce of ``tensors`` (one dtype) through the segment's slot."""
-        assert self.shm is not None
+        shm = self.shm
+        assert shm is not None
         if len(tensors) == 1:
-            _in_place(lambda x: self.shm.allreduce_(x, op), tensors[0])
+            _in_place(lambda x: shm.allreduce_(x, op), tensors[0])
             return
         xs = [t if t.is_contiguous() else t.contiguous() for t in tensors]
-        self.shm.allreduce_list_(xs, xs, op)
+        shm.allreduce_list_(xs, xs, op)
         for t, x in zip(tensors, xs):
             if x is not t:
                 t.copy_(x)
@@ -192,8 +197,10 @@ class RingProcessGroup(dist.ProcessGroup):
 
         return self._run(run, tensors)
 
-    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> Any:
-        opts = opts if opts is not None else dist.AllgatherOptions()
+    def allgather(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        opts = opts if opts is not None else c10d.AllgatherOptions()
         outs = outputs[0] if len(outputs) == 1 else []
         if (
             len(inputs) != 1
@@ -211,7 +218,7 @@ class RingProcessGroup(dist.ProcessGroup):
         return self._run(run, outs)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else c10d.AllgatherOptions()
         if (
             not self._ours([output, input])
             or output.dtype != input.dtype
@@ -232,7 +239,9 @@ class RingProcessGroup(dist.ProcessGroup):
         assert self.shm is not None
         return self.shm.allgather(t.contiguous().view(1, -1))
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> Any:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
         if (
             not self._ours([output, input], opts.reduceOp)
@@ -264,9 +273,10 @@ class RingProcessGroup(dist.ProcessGroup):
 
     def _scatter(self, input: torch.Tensor, output: torch.Tensor, op: Any) -> None:
         """This rank's 1/size of the reduction of ``input`` (one row per rank) into ``output``."""
-        assert self.shm is not None
+        rop = _shm_op(op)
+        assert self.shm is not None and rop is not None
         rows = input.contiguous().view(self._size, -1)
-        output.copy_(self.shm.reducescatter(rows, _shm_op(op)).view(output.shape))
+        output.copy_(self.shm.reducescatter(rows, rop).view(output.shape))
 
     def barrier(self, opts: Any = None) -> Any:
         if self.shm is None:
@@ -284,7 +294,7 @@ class RingProcessGroup(dist.ProcessGroup):
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
-        opts = opts if opts is not None else dist.AllgatherOptions()
+        opts = opts if opts is not None else c10d.AllgatherOptions()
         if len(outputs) != len(inputs) or not all(
             self._ours([o, i]) and o.dtype == i.dtype and o.numel() == self._size * i.numel()
             for o, i in zip(outputs, inputs)
@@ -333,7 +343,9 @@ class RingProcessGroup(dist.ProcessGroup):
 
     # ---- the rest: Gloo's -------------------------------------------------------------
 
-    def alltoall_base(self, output: Any, input: Any, out_splits: Any, in_splits: Any, opts: Any = None) -> Any:
+    def alltoall_base(
+        self, output: Any, input: Any, out_splits: Any, in_splits: Any, opts: Any = None
+    ) -> Any:
         opts = opts if opts is not None else dist.AllToAllOptions()
         return self._other([input]).alltoall_base(output, input, out_splits, in_splits, opts)
 
