@@ -128,7 +128,9 @@ def _fsdp_peers(quick: bool, rank: int, gloo) -> dict[str, _Peer]:
     out = {}
     for name, group in (("ring", dist.group.WORLD), ("gloo", gloo), ("no_comm", None)):
         model, vocab = _transformer(quick)
-        tokens = torch.randint(0, vocab, (2, 8 if quick else 16), generator=gen.manual_seed(100 + rank))
+        tokens = torch.randint(
+            0, vocab, (2, 8 if quick else 16), generator=gen.manual_seed(100 + rank)
+        )
         if group is not None:
             mesh = DeviceMesh.from_group(group, "cpu")
             for block in model.blocks:
@@ -186,9 +188,8 @@ def _row(kind: str, per_rank: list[dict], steps: int) -> tuple[dict, list[dict]]
         and (kind == "ddp" or r["loss"]["ring"] == r["loss"]["gloo"])
         for r in per_rank
     )
-    across = all(
-        per_rank[0]["sums"][p] == per_rank[1]["sums"][p] for p in ("ring", "gloo")
-    ) if kind == "ddp" else True  # FSDP2's state is sharded: the full tensors are gathered
+    # FSDP2's checksum is of the full tensors (gathered): the same on every rank too
+    across = all(per_rank[0]["sums"][p] == per_rank[1]["sums"][p] for p in ("ring", "gloo"))
     checks = [
         _common.check(f"{kind}: ring's and gloo's {what} equal on every rank, every round", same,
                       f"rank 0 checksums ring {per_rank[0]['sums']['ring'][-1]:.6g}, "
