@@ -352,3 +352,36 @@ def test_importing_the_backend_loads_neither_pyspark_nor_ray():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert (out.returncode, out.stdout.strip()) == (0, "[]"), out.stderr
+
+
+def test_a_local_world_size_that_disagrees_keeps_the_world_on_gloo(monkeypatch):
+    from ringcore.dist_backend import _local_size_disagrees
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert _local_size_disagrees(4) == "LOCAL_WORLD_SIZE=2 but the 4 ranks report one host"
+    assert _local_size_disagrees(2) is None  # a subgroup: LOCAL_WORLD_SIZE is the world's
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert _local_size_disagrees(4) is None
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert _local_size_disagrees(4) is None  # not under torchrun: the host check decides
+
+
+def test_the_host_plan_names_why_a_group_stays_on_gloo(monkeypatch):
+    import datetime
+
+    import torch.distributed as dist
+
+    from ringcore.dist_backend import _host_plan
+
+    store, timeout = dist.HashStore(), datetime.timedelta(seconds=5)
+    store.set("ring-pg/host/1", "another-boot-id/another-host")
+    assert (
+        _host_plan(store, 0, 2, timeout) == "its 2 ranks are on 2 hosts (no hierarchical plan yet)"
+    )
+    assert _host_plan(dist.HashStore(), 0, 1, timeout) == "one rank"
+    monkeypatch.setenv("RING_TORCH_BACKEND", "0")
+    assert _host_plan(dist.HashStore(), 0, 2, timeout) == "RING_TORCH_BACKEND=0"
+    monkeypatch.setenv("RING_TORCH_BACKEND", "1")
+    monkeypatch.setenv("RING_SHM", "0")
+    assert _host_plan(dist.HashStore(), 0, 2, timeout) == "RING_SHM=0"
