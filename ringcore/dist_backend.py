@@ -106,7 +106,6 @@ def create_process_group(opts: Any, pg_options: Any = None) -> RingProcessGroup:
             else f"Gloo for every op: {reason}",
         )
     return RingProcessGroup(
-        store,
         rank,
         size,
         gloo=gloo,

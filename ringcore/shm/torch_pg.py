@@ -10,15 +10,16 @@ NCCL group itself. So :class:`RingProcessGroup` routes each op on its own:
 - **CPU tensors** of a dtype the :class:`~ringcore.shm.group.ShmGroup` carries, with an
   operator it implements (sum, avg, min, max, product), when the group's ranks share one
   host: through the segment (allreduce, coalesced allreduce, broadcast, allgather,
-  all_gather_single, reduce_scatter_single, reduce_scatter, barrier);
+  all_gather_single, reduce_scatter_single, reduce_scatter, the coalesced forms of the
+  single-tensor ones, barrier);
 - **CUDA tensors**: the NCCL group it holds when torch has NCCL and a GPU (made with it,
   as torch makes NCCL's: constructing one does not communicate), else Gloo;
 - **everything else** (alltoall, send/recv, gather, scatter, reduce, PREMUL_SUM and the
   bitwise operators, other dtypes, sparse tensors, ranks on several hosts): the Gloo group
   it holds over the same store. Gloo (and NCCL) are also registered as the group's
-  backends for their devices, so an op this class does not override reaches them through
-  torch's own dispatch: a program never fails for using ``"ring"`` where it would run on
-  ``"gloo"``.
+  backends for their devices, so an op this class does not define (gather, scatter,
+  reduce, the list alltoall) reaches them through torch's own dispatch: a program never
+  fails for using ``"ring"`` where it would run on ``"gloo"``.
 
 The route depends only on facts equal on every rank of a correct program (device type,
 dtype, operator, the sizes torch requires equal), so the ranks never split between the
@@ -98,7 +99,6 @@ class RingProcessGroup(_ProcessGroup):
 
     def __init__(
         self,
-        store: Any,
         rank: int,
         size: int,
         *,
