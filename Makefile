@@ -175,7 +175,7 @@ test-spark35-newest: $(S35_STAMP) build/pyspark-$(S35_NEWEST_PYSPARK)/.installed
 # model about 45 min more (17 GB free memory); run it on a quiet
 # one. BENCH_ARGS=--quick: small sizes, for a smoke run (about 15 min: the Spark and Ray
 # peers' start-up is the floor). A failing script stops the run.
-BENCH_SCRIPTS := collectives training keras spark_launch estimator ray_trainer shm control_path data_rss \
+BENCH_SCRIPTS := collectives training torch_backend keras spark_launch estimator ray_trainer shm control_path data_rss \
 	sharded
 BENCH_ARGS ?=
 bench: $(STAMP)

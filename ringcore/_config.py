@@ -40,6 +40,11 @@ ELASTIC_LATE_ENV_VAR = "RING_ELASTIC_LATE"
 BACKEND_ENV_VAR = "RING_BACKEND"
 DEFAULT_BACKEND = "gloo"
 
+# "0": the torch.distributed backend "ring" (ringcore.dist_backend) moves every tensor
+# through the Gloo group it holds, as backend="gloo" would; unset or "1": one host's CPU
+# tensors go through the shared-memory data plane.
+TORCH_BACKEND_ENV_VAR = "RING_TORCH_BACKEND"
+
 START_TIMEOUT_ENV_VAR = "RING_START_TIMEOUT"
 DEFAULT_START_TIMEOUT_S = 120.0
 

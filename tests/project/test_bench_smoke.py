@@ -1,4 +1,5 @@
-"""bench/collectives.py and bench/training.py --quick run end to end and write the shared schema.
+"""bench/collectives.py, bench/training.py and bench/torch_backend.py --quick run end to
+end and write the shared schema.
 
 Real ranks (mpiexec or run_workers, real Gloo on 127.0.0.1), small sizes, still >= 5
 rounds: the JSON must record the commit, versions, machine and load, per-row medians
@@ -89,6 +90,18 @@ def test_training_quick_writes_the_schema(tmp_path):
             _assert_summary(peer["samples_per_s"], report["rounds"])
     assert any("weights" in c["check"] for c in report["checks"])
     assert all(len(r["ours_data_plane_per_rank"]) == 2 for r in report["rows"])
+
+
+@pytest.mark.timeout(300)
+def test_torch_backend_quick_writes_the_schema(tmp_path):
+    report = _run("torch_backend.py", tmp_path)
+    _common_schema(report)
+    assert [r["parallel"] for r in report["rows"]] == ["ddp", "fsdp"]
+    for row in report["rows"]:
+        assert set(row["peers"]) == {"ring", "gloo", "no_comm"}
+        for peer in row["peers"].values():
+            _assert_summary(peer["samples_per_s"], report["rounds"])
+        assert all(stats["shm"] > 0 for stats in row["ring_stats_per_rank"])
 
 
 def _probe_plane() -> dict:

@@ -182,8 +182,9 @@ def test_import_ringcore_pulls_in_no_engine_and_no_framework():
 
 
 # torch is the core's tensor type: the rooms that move tensors import it when they load;
-# the others only inside the functions that run once a job starts
-TORCH_AT_LOAD = ("engine", "backends", "shm", "torch", "tensorflow")
+# the others only inside the functions that run once a job starts. dist_backend.py is the
+# opt-in torch.distributed backend: importing it registers "ring" with torch.
+TORCH_AT_LOAD = ("engine", "backends", "shm", "torch", "tensorflow", "dist_backend.py")
 
 
 def _imports_torch_at_load(tree: ast.Module) -> bool:

@@ -431,6 +431,12 @@ PUBLIC = {
         "read_tensorboard_scalars",
     },
     "ringrun": {"UsageError", "main"},
+    "ringcore.dist_backend": {
+        "BACKEND_NAME",
+        "TORCH_BACKEND_ENV_VAR",
+        "create_process_group",
+        "register",
+    },
 }
 
 
