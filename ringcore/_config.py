@@ -5,6 +5,7 @@ Each ``RING_X`` variable may also be spelled ``HOROVOD_X``; the ``RING_`` spelli
 
 from __future__ import annotations
 
+import datetime
 import os
 
 # Topology, set by our runners (spark_runner, ray_runner, ringcore.testing).
@@ -106,6 +107,15 @@ def get_float(name: str, default: float) -> float:
         raise ValueError(
             f"{name}={raw!r} is not a number; set it to seconds, e.g. {default:g}"
         ) from None
+
+
+def group_timeout() -> datetime.timedelta:
+    """The timeout of every torch group ringcore makes: the job's own and each one beside
+    it (the hierarchical plane's cross-host groups, process sets, a Gloo side group), the
+    job's Gloo timeout ``RING_GLOO_TIMEOUT_SECONDS``, computed here alone. torch gives
+    ``new_group`` its own default (30 min), not the default group's: a rank whose peer in
+    such a group was partitioned away waited that long instead of failing."""
+    return datetime.timedelta(seconds=get_float(GLOO_TIMEOUT_ENV_VAR, DEFAULT_GLOO_TIMEOUT_S))
 
 
 def get_int(name: str, default: int) -> int:

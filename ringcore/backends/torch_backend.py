@@ -12,12 +12,12 @@ from typing import Any
 
 import torch
 
+from .. import _config as cfg
 from .._ops import ReduceOp
 from .host_staged import HostStaged
 from .protocol import Backend
-from .torch_ring import group_timeout
 
-__all__ = ["TorchDistBackend", "group_timeout", "torch_backend"]
+__all__ = ["TorchDistBackend", "torch_backend"]
 
 # Element types Gloo and NCCL carry. Others (int16, the unsigned 16/32/64-bit types)
 # travel as a same-size carried type when only bytes move (allgather, broadcast,
@@ -78,7 +78,7 @@ class TorchDistBackend:
         self.name = "nccl" if config.get("cuda") == "nccl" else str(dist.get_backend())
         self._cpu_groups: dict[Any, Any] | None = None
         if "cpu" not in config:
-            self._cpu_groups = {None: dist.new_group(backend="gloo", timeout=group_timeout())}
+            self._cpu_groups = {None: dist.new_group(backend="gloo", timeout=cfg.group_timeout())}
         self._ops = {
             ReduceOp.Sum: dist.ReduceOp.SUM,
             ReduceOp.Average: dist.ReduceOp.SUM,
@@ -147,10 +147,10 @@ class TorchDistBackend:
     def new_group(self, ranks: list[int], size: int) -> Any:
         if len(ranks) == size:
             return None
-        group = self.dist.new_group(ranks, timeout=group_timeout())
+        group = self.dist.new_group(ranks, timeout=cfg.group_timeout())
         if self._cpu_groups is not None:
             self._cpu_groups[group] = self.dist.new_group(
-                ranks, backend="gloo", timeout=group_timeout()
+                ranks, backend="gloo", timeout=cfg.group_timeout()
             )
         return group
 

@@ -31,7 +31,7 @@ from .protocol import Connection
 
 log = logging.getLogger("ringtrain.ringcore")
 
-__all__ = ["connect", "group_timeout"]
+__all__ = ["connect"]
 
 
 def connect(rdv: Rendezvous, requested: str | None = None) -> Connection:
@@ -58,15 +58,6 @@ def connect(rdv: Rendezvous, requested: str | None = None) -> Connection:
 
 def _timeout(env_var: str, default_s: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=cfg.get_float(env_var, default_s))
-
-
-def group_timeout() -> datetime.timedelta:
-    """The timeout of every group ringcore makes: the job's own and each one beside it
-    (the hierarchical plane's cross-host groups, process sets, a Gloo side group), the
-    job's Gloo timeout ``RING_GLOO_TIMEOUT_SECONDS``, computed here alone. torch gives ``new_group`` its own default (30 min),
-    not the default group's: a rank whose peer in such a group was partitioned away
-    waited that long instead of failing."""
-    return _timeout(cfg.GLOO_TIMEOUT_ENV_VAR, cfg.DEFAULT_GLOO_TIMEOUT_S)
 
 
 def _check_adopted(dist: Any, rdv: Rendezvous) -> None:
@@ -105,7 +96,7 @@ def _form_group(rdv: Rendezvous, requested: str | None) -> tuple[Any, str]:
             store=prefixed,
             rank=topo.rank,
             world_size=topo.size,
-            timeout=group_timeout(),
+            timeout=cfg.group_timeout(),
         )
         torch_guard.set_ringcore_formed(True)
     except Exception as exc:
