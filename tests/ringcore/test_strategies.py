@@ -48,16 +48,21 @@ def _train_each(folder: str) -> dict:
     strategy aligns them), 3 steps of 2 accumulated backward passes, clipped; then a
     sharded checkpoint and the full state."""
     import contextlib
+    import os
 
     import torch
 
     import ringcore.torch as hvd
-    from ringcore.torch.strategies import get_strategy
+    from ringcore.torch.strategies import _group, get_strategy
+
+    def through_shm() -> int:  # ops the strategies' "ring" group carried in shared memory
+        return _group._ring[1].stats["shm"] if _group._ring else 0
 
     hvd.init()
     out = {}
     for name in STRATEGIES:
         torch.manual_seed(1 + hvd.rank())
+        shm0 = through_shm()
         run = get_strategy(name).prepare(*_model(), backward_passes_per_step=2)
         data = torch.Generator().manual_seed(hvd.rank())
         for i in range(6):
@@ -72,7 +77,10 @@ def _train_each(folder: str) -> dict:
             "full": _sums(run.full_state_dict()),
             "lrs": [g["lr"] for g in run.optimizer.param_groups],
             "sharded": run.sharded,
+            "shm_ops": through_shm() - shm0,
         }
+    os.environ["RING_TORCH_BACKEND"] = "0"  # the off switch: the job's default group
+    out["off"] = _group.strategy_group(torch.device("cpu"))
     return out
 
 
@@ -97,6 +105,7 @@ def _reload_each(folder: str) -> dict:
 def test_each_strategy_trains_alike_and_its_checkpoint_reloads_on_fewer_ranks(tmp_path):
     two = run_workers(_train_each, np=2, args=(str(tmp_path),), timeout=180)
     (one,) = run_workers(_reload_each, np=1, args=(str(tmp_path),), timeout=120)
+    assert two[0]["off"] is None and two[1]["off"] is None
     ring = two[0]["ring"]["full"]
     assert set(ring) == {f"{m}.{p}" for m in ("inp", "out") for p in ("weight", "bias")} | {
         f"layers.{i}.{p}" for i in range(3) for p in ("weight", "bias")
@@ -108,6 +117,8 @@ def test_each_strategy_trains_alike_and_its_checkpoint_reloads_on_fewer_ranks(tm
         # the full state on rank 0; under fsdp only there (gathered once)
         assert rank1["full"] == ({} if name == "fsdp" else rank0["full"]), name
         assert rank0["sharded"] == (name == "fsdp")
+        # ddp and fsdp on the CPU run on the backend "ring": through shared memory
+        assert (rank0["shm_ops"] > 0) == (name != "ring"), (name, rank0["shm_ops"])
         # 2 ranks' checkpoint on 1 rank: the same parameters, Adam's state at step 3
         assert one[name]["full"] == pytest.approx(rank0["full"], rel=1e-6), name
         assert one[name]["steps"] == [3], name

@@ -1,4 +1,5 @@
-"""``ddp``: torch's ``DistributedDataParallel`` on the job's process group."""
+"""``ddp``: torch's ``DistributedDataParallel`` on the job's ranks (on the CPU, over the
+backend ``"ring"``: ``_group.strategy_group``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ._base import Prepared, Strategy
-from ._group import device_of, ensure_process_group
+from ._group import device_of, ensure_process_group, strategy_group
 
 
 class DdpStrategy(Strategy):
@@ -28,7 +29,10 @@ class DdpStrategy(Strategy):
                 f"strategy='ddp' needs a model with trainable parameters; "
                 f"{type(model).__name__} has none"
             )
-        wrapped = DistributedDataParallel(model, device_ids=ids)  # broadcasts rank 0's state
+        # broadcasts rank 0's state; on the CPU, through ringcore's shared memory
+        wrapped = DistributedDataParallel(
+            model, device_ids=ids, process_group=strategy_group(device)
+        )
         if optimizer is not None:
             _same_optimizer_state(optimizer)
         return Prepared(self, wrapped, model, optimizer)

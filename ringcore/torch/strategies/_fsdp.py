@@ -9,7 +9,7 @@ from typing import Any
 
 from ._base import Prepared, Strategy
 from ._config import FsdpConfig
-from ._group import ensure_process_group
+from ._group import device_of, ensure_process_group, strategy_group
 from ._optimizer import names_of, rebuild
 
 
@@ -83,8 +83,13 @@ class FsdpStrategy(Strategy):
         cfg = FsdpConfig.of(config)
         ensure_process_group()
         groups = names_of(model, optimizer) if optimizer is not None else None
-        _same_start(model)
+        ring = strategy_group(device_of(model))
+        _same_start(model, ring)
         kwargs = _kwargs(cfg)
+        if ring is not None:  # on the CPU: shards gathered and reduced through shared memory
+            from torch.distributed.device_mesh import DeviceMesh
+
+            kwargs["mesh"] = DeviceMesh.from_group(ring, "cpu")
         for unit in units(model, cfg):
             fully_shard(unit, **kwargs)
         fully_shard(model, **kwargs)
@@ -113,12 +118,13 @@ class FsdpStrategy(Strategy):
         set_model_state_dict(run.module, state, options=options)
 
 
-def _same_start(model: Any) -> None:
+def _same_start(model: Any, group: Any = None) -> None:
     """Rank 0's parameters and buffers on every rank before sharding (``fully_shard``
-    shards each rank's own values; DDP broadcasts, FSDP does not)."""
+    shards each rank's own values; DDP broadcasts, FSDP does not), through ``group``
+    (None: the default group; rank 0 is rank 0 of either)."""
     import torch.distributed as dist
 
     if dist.get_world_size() == 1:
         return
     for tensor in list(model.parameters()) + list(model.buffers()):
-        dist.broadcast(tensor.data, src=0)
+        dist.broadcast(tensor.data, src=0, group=group)

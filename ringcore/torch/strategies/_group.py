@@ -22,6 +22,41 @@ def ensure_process_group() -> Any:
     return dist
 
 
+#: the group of the backend "ring" the strategies made, and the default group it was
+#: made beside (a process that runs several jobs makes one per job)
+_ring: list[Any] = []
+
+
+def strategy_group(device: Any) -> Any:
+    """The group the ``ddp`` and ``fsdp`` strategies run on; None: the job's default group.
+
+    For a model on the CPU, in a job of several ranks: a group of the
+    ``torch.distributed`` backend ``"ring"`` over every rank (``ringcore.dist_backend``),
+    whose CPU collectives between the ranks of one host go through ringcore's
+    shared-memory plane, and through Gloo otherwise (ranks on several hosts, ops it does
+    not carry). Made once per job: ``new_group`` is collective, and every rank's strategy
+    asks for it at the same point of ``prepare``. ``RING_TORCH_BACKEND=0``, a CUDA model
+    (NCCL is the default group's) or one rank: None."""
+    import torch.distributed as dist
+
+    from ... import _config as cfg
+
+    if (
+        device.type != "cpu"
+        or dist.get_world_size() == 1
+        or not cfg.get_bool(cfg.TORCH_BACKEND_ENV_VAR, True)
+    ):
+        return None
+    world = dist.group.WORLD
+    if _ring and _ring[0] is world:
+        return _ring[1]
+    from ... import dist_backend  # registers the backend
+
+    group = dist.new_group(backend=dist_backend.BACKEND_NAME, timeout=cfg.group_timeout())
+    _ring[:] = [world, group]
+    return group
+
+
 def device_of(module: Any) -> Any:
     """Where ``module``'s parameters live (CPU for a module with none)."""
     import torch
