@@ -192,6 +192,15 @@ def _guarded(original: Any) -> Any:
 
         if _formed_by_ringcore and dist.is_initialized():
             _check_backend(dist, bound.get("backend"))
+            if "ring" in str(bound.get("backend") or "").lower():
+                log.warning(
+                    "init_process_group(backend=%r): ringcore.init() already formed this "
+                    "job's group with %r, which the program now uses: its CPU collectives "
+                    "go through Gloo, not the backend 'ring'. Call init_process_group before "
+                    "hvd.init()/ringcore.init() to run the program on 'ring'.",
+                    bound.get("backend"),
+                    str(dist.get_backend_config()),
+                )
             log.debug("init_process_group(): the job's group is already formed; using it")
             return None
         if not dist.is_initialized():
@@ -205,10 +214,28 @@ def _guarded(original: Any) -> Any:
     return init_process_group
 
 
+def _known_ring(dist: Any) -> None:
+    """Make the backend ``"ring"`` known in this process, so that a program a launcher
+    runs can name it (``init_process_group("cpu:ring")``) without importing ringcore
+    itself. What is registered here is a creator that imports ``ringcore.dist_backend``
+    (the segment, the groups) only when a group of it first forms."""
+    if "RING" in dist.Backend._plugins:
+        return
+
+    def create(opts: Any, pg_options: Any = None) -> Any:
+        from ..dist_backend import create_process_group
+
+        return create_process_group(opts, pg_options)
+
+    dist.Backend.register_backend("ring", create, extended_api=True, devices=["cpu"])
+
+
 def _patch(dist: Any) -> None:
     if not dist.is_available():
         return
     from torch.distributed import distributed_c10d as c10d
+
+    _known_ring(dist)
 
     if getattr(c10d.init_process_group, "_ringcore_guard", False):
         return

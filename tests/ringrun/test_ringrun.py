@@ -102,6 +102,35 @@ def test_two_local_ranks_print_prefixed_lines_with_the_ring_and_torchrun_variabl
     assert all(ranks[0][k] == ranks[1][k] for k in one_job)
 
 
+# a torch.distributed program that names the backend "ring" and imports no ringcore
+_RING_PROGRAM = """
+import json, torch, torch.distributed as dist
+dist.init_process_group("cpu:ring")
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    opt.zero_grad()
+    model(torch.full((8, 4), float(dist.get_rank() + 1))).sum().backward()
+    opt.step()
+group = dist.group.WORLD
+print(json.dumps({"backend": dist.get_backend(), "shm": group.stats["shm"],
+                  "weights": [round(float(p.sum()), 6) for p in model.parameters()]}))
+dist.destroy_process_group()
+"""
+
+
+def test_a_program_run_by_ringrun_names_the_ring_backend_without_importing_ringcore(tmp_path):
+    (tmp_path / "prog.py").write_text(_RING_PROGRAM)
+    proc = _ringrun(["-np", "2", sys.executable, "prog.py"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = _by_rank(proc.stdout)
+    assert sorted(ranks) == [0, 1], proc.stdout
+    for r in ranks.values():  # DDP's gradients went through the shared-memory plane
+        assert r["backend"] == "cpu:ring" and r["shm"] > 0, r
+    assert ranks[0]["weights"] == ranks[1]["weights"]
+
+
 def test_ranks_are_numbered_host_by_host_in_the_order_of_dash_h(tmp_path):
     done = _ringrun(["-np", "3", "-H", "localhost:1,127.0.0.1:2",
                      sys.executable, "-c", _SHOW_ENV], tmp_path)  # fmt: skip
