@@ -32,6 +32,7 @@ import inspect
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from .. import _config as cfg
@@ -214,20 +215,18 @@ def _guarded(original: Any) -> Any:
     return init_process_group
 
 
-def _known_ring(dist: Any) -> None:
-    """Make the backend ``"ring"`` known in this process, so that a program a launcher
-    runs can name it (``init_process_group("cpu:ring")``) without importing ringcore
-    itself. What is registered here is a creator that imports ``ringcore.dist_backend``
-    (the segment, the groups) only when a group of it first forms."""
-    if "RING" in dist.Backend._plugins:
-        return
+#: what else runs once ``torch.distributed`` is imported in this process (``when_imported``)
+_on_import: list[Callable[[Any], None]] = []
 
-    def create(opts: Any, pg_options: Any = None) -> Any:
-        from ..dist_backend import create_process_group
 
-        return create_process_group(opts, pg_options)
-
-    dist.Backend.register_backend("ring", create, extended_api=True, devices=["cpu"])
+def when_imported(fn: Callable[[Any], None]) -> None:
+    """Run ``fn(torch.distributed)`` now if it is imported, else right after the program
+    imports it (the guard's import hook; :func:`install` first)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and hasattr(dist, "init_process_group"):
+        fn(dist)
+    elif fn not in _on_import:
+        _on_import.append(fn)
 
 
 def _patch(dist: Any) -> None:
@@ -235,7 +234,8 @@ def _patch(dist: Any) -> None:
         return
     from torch.distributed import distributed_c10d as c10d
 
-    _known_ring(dist)
+    while _on_import:
+        _on_import.pop(0)(dist)
 
     if getattr(c10d.init_process_group, "_ringcore_guard", False):
         return

@@ -109,10 +109,10 @@ from .._config import (
     get_int,
 )
 from .._errors import CommandFailedError, GpuUnavailableError
+from ..backends import torch_guard
 from ..backends.devices import check_use_gpu
 from ..backends.protocol import Backend, Connection
 from ..backends.registry import register_backend
-from ..backends.torch_guard import install as install_init_guard
 from ..backends.torch_guard import release_user_group
 from ..elastic.driver import ElasticDriver
 from ..elastic.job import ElasticJob, late_worker_env
@@ -154,6 +154,18 @@ from ._worker_errors import (
     task_failure_text,
     worker_error_summary,
 )
+
+
+def install_init_guard() -> None:
+    """Guard ``torch.distributed.init_process_group`` in this process (one process group
+    per job, whoever forms it first: ``ringcore.backends.torch_guard``), and make the
+    backend ``"ring"`` known to the program once it imports ``torch.distributed``
+    (``_ring_backend``). Idempotent."""
+    from ._ring_backend import know_ring
+
+    torch_guard.install()
+    torch_guard.when_imported(know_ring)
+
 
 __all__ = [
     "AUTOTUNE_ENV_VAR",

@@ -14,9 +14,9 @@ import sys
 def main(argv: list[str]) -> None:
     if not argv:
         raise SystemExit("usage: python -m ringcore.launch.script PATH [ARGS...]")
-    from ..backends import torch_guard
+    from . import install_init_guard
 
-    torch_guard.install()
+    install_init_guard()
     path = argv[0]
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(os.path.abspath(path))
