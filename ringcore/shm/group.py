@@ -275,8 +275,10 @@ class ShmGroup(Rounds):
         op: ReduceOp | int | str = ReduceOp.Sum,
         prescale: float = 1.0,
         postscale: float = 1.0,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """This rank's rows of the reduction (Horovod's split of the first dimension)."""
+        """This rank's rows of the reduction (Horovod's split of the first dimension);
+        ``out``: where to write them (contiguous, the dtype, this rank's rows' elements)."""
         flat = _flat(tensor, "reducescatter")
         rows, rop = _rows(tensor, "reducescatter"), resolve(op, tensor.dtype)
         words: list[int] | None = Descriptor.words(_REDUCESCATTER, tensor, int(rop))
@@ -284,7 +286,14 @@ class ShmGroup(Rounds):
         base, extra = divmod(rows, size)
         start, mine = me * base + min(me, extra), base + (1 if me < extra else 0)
         row = math.prod(tensor.shape[1:])
-        out = torch.empty((mine, *tensor.shape[1:]), dtype=tensor.dtype)
+        if out is None:
+            out = torch.empty((mine, *tensor.shape[1:]), dtype=tensor.dtype)
+        elif not out.is_contiguous() or out.dtype != tensor.dtype or out.numel() != mine * row:
+            raise ValueError(
+                f"reducescatter's out must be contiguous, of {tensor.dtype} and hold this "
+                f"rank's {mine * row} elements; got {tuple(out.shape)} of {out.dtype}"
+                f"{'' if out.is_contiguous() else ', not contiguous'}"
+            )
         dst, lo_me = out.view(-1), start * row
         per = self.layout.slot_bytes // flat.element_size()
         for lo in range(0, max(n, 1), per):
@@ -327,21 +336,42 @@ class ShmGroup(Rounds):
                 raw[lo : lo + c].copy_(self._banks[bank][:c])
         return tensor
 
-    def allgather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Every rank's ``tensor`` concatenated along the first dimension (sizes may differ)."""
+    def allgather(self, tensor: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Every rank's ``tensor`` concatenated along the first dimension (sizes may differ).
+        ``out``: where to write it (contiguous, ``tensor``'s dtype, ``local_size`` times its
+        elements: every rank's tensor must then have this rank's size), so that a caller
+        with its own output buffer (FSDP2's all-gather) needs no second one."""
         raw = _bytes(_flat(tensor, "allgather"))
         _rows(tensor, "allgather")
         itemsize = tensor.element_size()
+        if out is not None and (
+            not out.is_contiguous()
+            or out.dtype != tensor.dtype
+            or out.numel() != tensor.numel() * self.local_size
+        ):
+            raise ValueError(
+                f"allgather's out must be contiguous, of {tensor.dtype} and hold "
+                f"{self.local_size} x {tensor.numel()} elements; got {tuple(out.shape)} of "
+                f"{out.dtype}{'' if out.is_contiguous() else ', not contiguous'}"
+            )
 
         def layout(all_words: list[list[int]]) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
             dims = [w[DIM0] for w in all_words]
-            out = torch.empty((sum(dims), *tensor.shape[1:]), dtype=tensor.dtype)
             sizes = [w[NUMEL] * itemsize for w in all_words]
+            if out is None:
+                dst = torch.empty((sum(dims), *tensor.shape[1:]), dtype=tensor.dtype)
+            elif len(set(sizes)) != 1:  # every rank sees the same words: all raise here
+                raise ValueError(
+                    f"allgather into a given out needs one size on every rank; the local "
+                    f"ranks' tensors hold {[w[NUMEL] for w in all_words]} elements"
+                )
+            else:
+                dst = out
             offs = [sum(sizes[:j]) for j in range(len(sizes))]
-            return out, [(0, sizes[j], offs[j]) for j in range(len(sizes))]
+            return dst, [(0, sizes[j], offs[j]) for j in range(len(sizes))]
 
-        out, _ = self._pull(_ALLGATHER, raw, Descriptor.words(_ALLGATHER, tensor), layout)
-        return out
+        result, _ = self._pull(_ALLGATHER, raw, Descriptor.words(_ALLGATHER, tensor), layout)
+        return result
 
     def alltoall(
         self, tensor: torch.Tensor, splits: Any = None

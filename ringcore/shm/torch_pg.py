@@ -226,11 +226,7 @@ class RingProcessGroup(_ProcessGroup):
         ):
             return self._other([input])._allgather_base(output, input, opts)
 
-        def run() -> None:
-            rows = self._gather_rows(input)
-            output.copy_(rows.view(output.shape))
-
-        return self._run(run, [output])
+        return self._run(lambda: self._gather_into(input, output), [output])
 
     _allgather_base = all_gather_single
 
@@ -238,6 +234,16 @@ class RingProcessGroup(_ProcessGroup):
         """Every rank's ``t`` flattened, one row per rank."""
         assert self.shm is not None
         return self.shm.allgather(t.contiguous().view(1, -1))
+
+    def _gather_into(self, t: torch.Tensor, output: torch.Tensor) -> None:
+        """Every rank's ``t`` into ``output`` (``size`` times its elements): written in
+        place when ``output`` is contiguous (FSDP2's all-gather buffer), so that no second
+        buffer of the gathered size is made per op."""
+        assert self.shm is not None
+        if output.is_contiguous():
+            self.shm.allgather(t.contiguous().view(1, -1), out=output.view(self._size, -1))
+        else:
+            output.copy_(self._gather_rows(t).view(output.shape))
 
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
@@ -276,7 +282,10 @@ class RingProcessGroup(_ProcessGroup):
         rop = _shm_op(op)
         assert self.shm is not None and rop is not None
         rows = input.contiguous().view(self._size, -1)
-        output.copy_(self.shm.reducescatter(rows, rop).view(output.shape))
+        if output.is_contiguous():  # in place: no buffer of this rank's share per op
+            self.shm.reducescatter(rows, rop, out=output.view(1, -1))
+        else:
+            output.copy_(self.shm.reducescatter(rows, rop).view(output.shape))
 
     def barrier(self, opts: Any = None) -> Any:
         if self.shm is None:
@@ -304,7 +313,7 @@ class RingProcessGroup(_ProcessGroup):
 
         def run() -> None:
             for o, i in zip(outputs, inputs):
-                o.copy_(self._gather_rows(i).view(o.shape))
+                self._gather_into(i, o)
 
         return self._run(run, outputs)
 

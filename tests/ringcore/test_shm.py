@@ -160,6 +160,13 @@ def _check_allgather(g: ShmGroup, r: int, n: int) -> None:
         _close(g.allgather(parts[r]), torch.cat(parts), f"allgather {dtype}")
     empty = [torch.zeros((0 if k == 0 else 2), 4) for k in range(n)]
     _close(g.allgather(empty[r]), torch.cat(empty), "allgather with an empty rank")
+    # into a given output (equal sizes, over several slots): written in place
+    parts = [_input(k, torch.float32, 3000) for k in range(n)]
+    into = torch.full((n, 3000), -1.0)
+    assert g.allgather(parts[r].view(1, -1), out=into) is into
+    _close(into, torch.stack(parts), "allgather into out")
+    with pytest.raises(ValueError, match="out must be contiguous"):  # before any round
+        g.allgather(parts[r].view(1, -1), out=torch.empty(n, 2999))
 
 
 def _check_reducescatter(g: ShmGroup, r: int, n: int) -> None:
@@ -170,6 +177,12 @@ def _check_reducescatter(g: ShmGroup, r: int, n: int) -> None:
             start = r * base + min(r, extra)
             want = _reference(inputs, op)[start : start + base + (1 if r < extra else 0)]
             _close(g.reducescatter(inputs[r], op), want, f"reducescatter {rows} {dtype}")
+    inputs = [_input(k, torch.float32, n * 2000).view(n, 2000) for k in range(n)]
+    into = torch.empty(1, 2000)
+    assert g.reducescatter(inputs[r], ReduceOp.Sum, out=into) is into
+    _close(into, _reference(inputs, ReduceOp.Sum)[r : r + 1], "reducescatter into out")
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        g.reducescatter(inputs[r], ReduceOp.Sum, out=torch.empty(2, 2000)[:, :1000])
     x = torch.ones(5, 2) * (r + 1)
     got = g.reducescatter(x, ReduceOp.Average, prescale=2.0, postscale=0.5)
     assert torch.allclose(got, torch.full_like(got, (n + 1) / 2))
