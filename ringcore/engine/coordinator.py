@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from .._auth import AuthenticationError
 from .autotune import Autotuner
 from .messages import Abort, Goodbye, Heartbeat, JoinRequest, Message, RequestBatch, decode_message
-from .negotiation import Negotiation, Pending
+from .negotiation import Negotiation, Pending, left_the_job
 from .protocol import Request
 from .wire import HANDSHAKE_TIMEOUT_S, Channel, VersionMismatch, accept_handshake, encode
 
@@ -275,11 +275,7 @@ class Coordinator(Negotiation):
             self._recheck_all()
         elif isinstance(msg, Goodbye):
             self.gone.add(rank)
-            self._fail_waiting_on(
-                rank,
-                f"rank {rank} left the job before submitting it (shutdown(): its function "
-                "returned or raised, or it called shutdown() itself)",
-            )
+            self._fail_waiting_on(rank, left_the_job([rank]))
             self.channels[rank].send(Goodbye().to_wire())
 
     def _broadcast(self, message: Message) -> None:

@@ -34,6 +34,10 @@ __all__ = ["LANE_IDLE_S", "FastLane", "batch_key", "lane_kind", "lane_votes", "r
 LANE_IDLE_S = 0.005
 _ALLREDUCE, _ADASUM = OpKind.ALLREDUCE, ReduceOp.Adasum
 _UNCACHED = 1 << 62  # request_key's keys are at or above it, cache ids below
+#: the longest name of an op the coordinator has not cached that the lane takes: a longer
+#: one goes the coordinator's way, which refuses a name over the control frame's limit
+#: (so a name is refused alike on one host and on several)
+LANE_NAME_MAX = 4096
 
 
 class FastLane:
@@ -81,6 +85,8 @@ class FastLane:
             learnt = self.cids.get(cached[0]) if cached is not None else None
             if cached is not None and cached[1] == h.sig and learnt and learnt[1] == req.shape:
                 batch.append((cached[0], h))  # the coordinator's id: every rank learnt it
+            elif len(name) > LANE_NAME_MAX:  # the coordinator checks it against the frame
+                return None
             else:  # a name not cached (unnamed: a counter's), or cached with other fields
                 # the bindings reuse one request per name and shape: its key is kept on
                 # it (with what it was computed from: ``expand`` copies a request's dict)

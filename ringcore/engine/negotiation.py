@@ -22,7 +22,7 @@ from .fusion import Fusion, FusionBuckets, nbytes
 from .messages import Message, ResponseBatch
 from .protocol import CachedId, CachedRequest, Entry, Request, ResponseItem, disagreement
 
-__all__ = ["Negotiation"]
+__all__ = ["Negotiation", "left_the_job"]
 
 log = logging.getLogger("ringtrain.ringcore.coordinator")
 
@@ -39,6 +39,16 @@ class Pending:
     since: float = field(default_factory=time.monotonic)
     warned_at: float = 0.0
     ready: bool = False
+
+
+def left_the_job(ranks: list[int]) -> str:
+    """Why an op cannot run: ``ranks`` shut down before they submitted it (one wording for
+    a request that came before the goodbye and one that came after)."""
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+    return (
+        f"{who} left the job before submitting it (shutdown(): its function returned or "
+        "raised, or it called shutdown() itself)"
+    )
 
 
 class Negotiation:
@@ -116,7 +126,7 @@ class Negotiation:
         if gone_missing:
             self._send_error(
                 [key],
-                f"{any_req.kind} of {name!r}: ranks {gone_missing} already shut down",
+                f"{any_req.kind} of {name!r}: {left_the_job(gone_missing)}",
                 kind="peer",
             )
             return

@@ -103,8 +103,12 @@ def _hung_inside_allreduce_worker(tmp: str):
         return ("no error", "", 0.0)
     except Exception as exc:
         elapsed = time.time() - float(Path(tmp, "stopped_at").read_text())
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pids[2], signal.SIGKILL)  # end the hung rank so the job can end
+        # end the hung rank so the job can end, once both others have failed on their own:
+        # killed earlier, the other would see it exit, not the timeout this test measures
+        Path(tmp, f"failed.{r}").write_text("")
+        if all(Path(tmp, f"failed.{q}").exists() for q in (0, 1)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pids[2], signal.SIGKILL)
         return (type(exc).__name__, str(exc), elapsed)
 
 
