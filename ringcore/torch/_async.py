@@ -171,8 +171,9 @@ def allreduce_async_(
     after. ``name`` must be the same on every rank (unnamed ops are numbered in call
     order). Returns a handle; ``synchronize(handle)`` returns ``tensor``, reduced."""
     return _allreduce_start(
-        tensor, average, name, op, prescale_factor, postscale_factor, process_set, True, False
-    )
+        tensor, average, name, op, prescale_factor, postscale_factor, process_set,
+        inplace=True, now=False,
+    )  # fmt: skip
 
 
 def _allreduce_start(
@@ -183,9 +184,10 @@ def _allreduce_start(
     prescale_factor,
     postscale_factor,
     process_set,
-    inplace,
-    now,
-    held=False,
+    *,
+    inplace: bool,
+    now: bool,
+    held: bool = False,
 ) -> int:
     """``allreduce_async(_)``; ``now``: the caller synchronizes next (a blocking form),
     so the request leaves from this thread at once (``Engine.submit_many``); ``held``:
@@ -218,8 +220,9 @@ def allreduce_async(
     returns the reduced tensor (same shape and dtype as ``tensor``). As in Horovod,
     ``tensor`` is read when the op runs: do not modify it until ``synchronize``."""
     return _allreduce_start(
-        tensor, average, name, op, prescale_factor, postscale_factor, process_set, False, False
-    )
+        tensor, average, name, op, prescale_factor, postscale_factor, process_set,
+        inplace=False, now=False,
+    )  # fmt: skip
 
 
 def _grouped_allreduce_async(

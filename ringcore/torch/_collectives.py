@@ -84,8 +84,8 @@ def allreduce(
             prescale_factor,
             postscale_factor,
             process_set,
-            False,
-            True,
+            inplace=False,
+            now=True,
         )
     )
     return compression.decompress(out, ctx)
@@ -105,7 +105,15 @@ def allreduce_(
     Arguments as :func:`allreduce_async_`; blocks until the reduction is done."""
     return synchronize(
         _allreduce_start(
-            tensor, average, name, op, prescale_factor, postscale_factor, process_set, True, True
+            tensor,
+            average,
+            name,
+            op,
+            prescale_factor,
+            postscale_factor,
+            process_set,
+            inplace=True,
+            now=True,
         )
     )
 

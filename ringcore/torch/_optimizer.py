@@ -126,8 +126,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             pre,
             post,
             self._process_set,
-            True,
-            False,
+            inplace=True,
+            now=False,
             held=True,
         )
         self._handles[p] = (handle, (wire, ctx))

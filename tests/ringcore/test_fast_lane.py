@@ -572,7 +572,7 @@ def _slow_backward_worker() -> dict:
         fast = eng.stats["fast"] - fast0
         t0 = time.monotonic()
         h = _allreduce_start(torch.ones(3), None, "never.waited", hvd.Sum, 1.0, 1.0,
-                             hvd.global_process_set, True, False, held=True)  # fmt: skip
+                             hvd.global_process_set, inplace=True, now=False, held=True)  # fmt: skip
         while not hvd.poll(h):
             time.sleep(0.01)
         left_after = time.monotonic() - t0
