@@ -7,6 +7,9 @@ every round (``_common.orders``):
 - ``ours hierarchical``: ``ringcore.torch.allreduce`` with the engine's plan on this
   topology (reduce-scatter in the host through shared memory, allreduce of the slices
   across hosts over Gloo, allgather in the host);
+- ``ring backend``: ``torch.distributed.all_reduce`` on a group of the backend
+  ``"ring"`` (``ringcore.dist_backend``), which a DDP or FSDP2 program names: the same
+  two levels (``ringcore.shm.torch_hier``) without the engine;
 - ``flat gloo``: ``torch.distributed.all_reduce`` on the engine's Gloo group (the flat
   ring over the 4 ranks).
 
@@ -41,7 +44,8 @@ from ringcore import topology_from_hosts, worker_env
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
 QUICK_SIZES = [4 << 10, 64 << 10, 1 << 20]
-PEERS = ("ours hierarchical", "flat gloo")
+PEERS = ("ours hierarchical", "ring backend", "flat gloo")
+DDP_PEERS = ("ddp ring", "ddp ring, calling thread", "ddp gloo")
 
 _RANK = """
 import json, sys, time
@@ -49,14 +53,17 @@ sys.path.insert(0, sys.argv[1])
 import _common
 import torch, torch.distributed as dist
 import ringcore.torch as hvd
+import ringcore.dist_backend  # registers "ring"
 from ringcore.launch import data_plane
 
 torch.set_num_threads(1)
 sizes, rounds = json.loads(sys.argv[2]), int(sys.argv[3])
 hvd.init()
 n = hvd.size()
+ring = dist.new_group(backend="ring")
 peers = {
     "ours hierarchical": lambda x: hvd.allreduce(x, op=hvd.Sum),
+    "ring backend": lambda x: (dist.all_reduce(y := x.clone(), group=ring), y)[1],
     "flat gloo": lambda x: (dist.all_reduce(y := x.clone()), y)[1],
 }
 times, right = {}, True
@@ -73,8 +80,39 @@ for nbytes in sizes:
             for _ in range(burst):
                 peers[peer](x)
             times[nbytes][peer].append((time.perf_counter() - t0) / burst)
+# DDP of an MLP (6.3M parameters, its gradients in 4 MB buckets) over each group; the
+# ring backend also with its ops on the calling thread (its group's thread turned off)
+from torch.nn.parallel import DistributedDataParallel as DDP
+calling = dist.new_group(backend="ring")
+calling._thread = None  # the same two levels, run where DDP's hook calls them
+groups = {"ddp ring": ring, "ddp ring, calling thread": calling, "ddp gloo": None}
+data = torch.Generator().manual_seed(hvd.rank())
+xs = [torch.randn(64, 1024, generator=data) for _ in range(2)]
+ddp_times, ddp_sums = {g: [] for g in groups}, {}
+for name, group in groups.items():
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.ReLU(),
+                              torch.nn.Linear(2048, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 10))
+    groups[name] = (DDP(mlp, process_group=group, bucket_cap_mb=4), group)
+def step(model):
+    for x in xs:
+        model.zero_grad()
+        model(x).square().mean().backward()
+for name, (model, _) in groups.items():
+    step(model)  # warm-up: DDP's buckets are built on the first step
+for order in _common.orders(list(groups), rounds):
+    for name in order:
+        model = groups[name][0]
+        dist.barrier()
+        t0 = time.perf_counter()
+        step(model)
+        ddp_times[name].append((time.perf_counter() - t0) / len(xs))
+for name, (model, _) in groups.items():  # the same gradients through every group
+    ddp_sums[name] = float(sum(p.grad.double().abs().sum() for p in model.parameters()))
 plane = data_plane()
-out = {"times": times, "right": right, "mode": plane["mode"], "stats": plane["ops"]}
+out = {"times": times, "right": right, "mode": plane["mode"], "stats": plane["ops"],
+       "ring": ring.reason, "ring_shm_ops": ring.stats["shm"],
+       "ddp": ddp_times, "ddp_sums": ddp_sums}
 hvd.shutdown()
 print(json.dumps(out), flush=True)
 """
@@ -142,18 +180,37 @@ def main() -> None:
             row[peer] = _common.summary(_common.slowest([r["times"][key][peer] for r in per_rank]))
         rows.append(row)
     t = _common.table(
-        ["allreduce", *(f"{p} us" for p in PEERS), "flat / hierarchical"],
+        ["allreduce", *(f"{p} us" for p in PEERS), "flat / hierarchical", "flat / ring"],
         [
             [
                 _human(r["bytes"]),
                 *(_common.spread(r[p], 1e6) for p in PEERS),
                 f"{r['flat gloo']['median'] / r['ours hierarchical']['median']:.2f}x",
+                f"{r['flat gloo']['median'] / r['ring backend']['median']:.2f}x",
             ]
             for r in rows
         ],
     )
     _common.print_table(t)
+    ddp_rows = {
+        g: _common.summary(_common.slowest([r["ddp"][g] for r in per_rank])) for g in DDP_PEERS
+    }
+    gloo_step = ddp_rows["ddp gloo"]["median"]
+    ddp_t = _common.table(
+        ["DDP of an MLP, 2 hosts x 2 ranks", "s per step", "steps/s / ddp gloo's"],
+        [
+            [g, _common.spread(ddp_rows[g]), f"{gloo_step / ddp_rows[g]['median']:.2f}x"]
+            for g in DDP_PEERS
+        ],
+    )
+    _common.print_table(ddp_t)
+    sums = [r["ddp_sums"][g] / r["ddp_sums"]["ddp gloo"] - 1 for r in per_rank for g in DDP_PEERS]
     checks = [
+        _common.check(
+            "DDP's gradients over every group equal Gloo's (relative, 1e-5)",
+            max(abs(d) for d in sums) < 1e-5,
+            f"{max(abs(d) for d in sums):.1e}",
+        ),
         _common.check(
             "every peer's sum equals the number of ranks", all(r["right"] for r in per_rank)
         ),
@@ -161,6 +218,11 @@ def main() -> None:
             "the engine ran the hierarchical plan on every rank",
             all(r["mode"] == "hierarchical" for r in per_rank),
             str([r["mode"] for r in per_rank]),
+        ),
+        _common.check(
+            "the ring backend's group ran in two levels on every rank",
+            all(r["ring"].startswith("hierarchical") and r["ring_shm_ops"] for r in per_rank),
+            str(sorted({r["ring"] for r in per_rank})),
         ),
     ]
     speedup = {
@@ -194,6 +256,19 @@ def main() -> None:
             ),
         ),
     ]
+    ddp_ratio = gloo_step / ddp_rows["ddp ring"]["median"]
+    targets.append(
+        _common.target(
+            "DDP over the ring backend across hosts: >= 1.0x DDP over Gloo's steps/s",
+            ddp_ratio,
+            1.0,
+            lower_is_better=False,
+            why_missed=f"{ddp_ratio:.2f}x: {why}; the group's thread (DDP's buckets reduced "
+            f"while backward runs) gives "
+            f"{gloo_step / ddp_rows['ddp ring, calling thread']['median']:.2f}x without it, "
+            "as 4 ranks on 2 cores leave no core idle for it to use",
+        )
+    )
     _common.print_verdicts(targets, checks)
     _common.write(
         "hierarchical",
@@ -204,10 +279,14 @@ def main() -> None:
             "hosts": "2 network namespaces x 2 ranks on one machine (a bridge, not a NIC)",
             "peers": {
                 "ours hierarchical": "ringcore.torch.allreduce, hierarchical plan",
+                "ring backend": "torch.distributed.all_reduce on a group of the backend "
+                "'ring' (two levels, no engine)",
                 "flat gloo": "torch.distributed.all_reduce on the engine's Gloo group",
             },
             "rows": rows,
             "table": t,
+            "ddp": {"model": "MLP 1024-2048-2048-10, batch 64, bucket_cap_mb=4", "rows": ddp_rows},
+            "more_tables": [ddp_t],
             "targets": targets,
             "checks": checks,
         },

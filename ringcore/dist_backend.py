@@ -11,7 +11,13 @@ program runs on ``"ring"`` wherever it runs on ``"gloo"``:
 - every rank of the group on one host (the same boot id and host name, published
   through the group's store; ``LOCAL_WORLD_SIZE``, when torchrun set it, must agree):
   shared memory;
-- ranks on several hosts, ``RING_SHM=0``, ``RING_TORCH_BACKEND=0`` (the off switch, for
+- several hosts with the same number (> 1) of the group's ranks each, numbered host by
+  host (as torchrun and ringcore's launchers number them): each op in two levels, the
+  host's segment and Gloo across the hosts (``ringcore.shm.torch_hier``);
+  ``RING_HIERARCHICAL_ALLREDUCE=0`` keeps such a group on Gloo, as it keeps the engine
+  flat;
+- any other layout of hosts (one rank per host, hosts of different sizes, ranks not
+  numbered host by host), ``RING_SHM=0``, ``RING_TORCH_BACKEND=0`` (the off switch, for
   ringcore's own use too), a host whose ``/dev/shm`` is too small, or one rank: Gloo for
   every op. Rank 0 logs which, and why, on the ``ringtrain.ringcore.shm`` logger.
 
@@ -32,9 +38,11 @@ import torch.distributed as dist
 
 from . import _config as cfg
 from .shm.group import ShmGroup
-from .shm.layer import host_key
+from .shm.layer import Plan, hierarchical_wish, host_key, plan
 from .shm.segment import SHM_ENV_VAR, shm_enabled
-from .shm.torch_pg import BACKEND_NAME, RingProcessGroup
+from .shm.torch_hier import Hierarchy
+from .shm.torch_name import BACKEND_NAME, register_with
+from .shm.torch_pg import RingProcessGroup
 
 __all__ = ["BACKEND_NAME", "TORCH_BACKEND_ENV_VAR", "create_process_group", "register"]
 
@@ -43,22 +51,28 @@ log = logging.getLogger("ringtrain.ringcore.shm")
 TORCH_BACKEND_ENV_VAR = cfg.TORCH_BACKEND_ENV_VAR
 
 
-def _host_plan(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> str | None:
-    """None when the group's ranks share this host; else why they use Gloo, in words.
-    Every rank of the group reaches the same answer (the same facts, through ``store``)."""
+def _host_plan(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> Plan:
+    """The group's plan (``ringcore.shm.layer.plan``: "flat", "hierarchical" or "off",
+    with why in words) from every rank's host, published through ``store``. Every rank of
+    the group reaches the same plan (the same facts)."""
     if not cfg.get_bool(TORCH_BACKEND_ENV_VAR, True):
-        return f"{TORCH_BACKEND_ENV_VAR}=0"
+        return Plan("off", reason=f"{TORCH_BACKEND_ENV_VAR}=0")
     if not shm_enabled():
-        return f"{SHM_ENV_VAR}=0"
+        return Plan("off", reason=f"{SHM_ENV_VAR}=0")
     if size == 1:
-        return "one rank"
+        return Plan("off", reason="one rank")
     store.set(f"ring-pg/host/{rank}", host_key())
     keys = [f"ring-pg/host/{r}" for r in range(size)]
     store.wait(keys, timeout)
-    hosts = {store.get(k) for k in keys}
-    if len(hosts) > 1:
-        return f"its {size} ranks are on {len(hosts)} hosts (no hierarchical plan yet)"
-    return None
+    hosts = [store.get(k).decode() for k in keys]
+    # each rank's place in its host, by rank: what topology_from_hosts would give it
+    seen: dict[str, int] = {}
+    places = []
+    for h in hosts:
+        places.append(seen.get(h, 0))
+        seen[h] = places[-1] + 1
+    facts = [(h, lr, seen[h]) for h, lr in zip(hosts, places)]
+    return plan(rank, facts, shm=True, hierarchical=hierarchical_wish())
 
 
 def _local_size_disagrees(size: int) -> str | None:
@@ -85,14 +99,13 @@ def create_process_group(opts: Any, pg_options: Any = None) -> RingProcessGroup:
     store, rank, size = opts.store, opts.group_rank, opts.group_size
     timeout = opts.timeout
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
-    reason = _host_plan(store, rank, size, timeout)
-    if reason is None and (opts.global_ranks_in_group in ([], list(range(size)))):
+    the_plan = _host_plan(store, rank, size, timeout)
+    reason = None if the_plan.mode != "off" else the_plan.reason
+    if the_plan.mode == "flat" and opts.global_ranks_in_group in ([], list(range(size))):
         reason = _local_size_disagrees(size)
-    shm = None
+    shm, hier = None, None
     if reason is None:
-        shm = ShmGroup.create(
-            store, f"ring-pg/{opts.group_id}", rank, size, timeout_s=timeout.total_seconds()
-        )
+        shm, hier = _join(store, opts.group_id, gloo, the_plan, rank, timeout)
         if shm is None:
             reason = "the shared-memory segment could not be set up (see the warning above)"
     if rank == 0:
@@ -102,8 +115,15 @@ def create_process_group(opts: Any, pg_options: Any = None) -> RingProcessGroup:
             opts.group_id,
             size,
             "CPU collectives through shared memory"
+            + (f", across hosts in two levels ({the_plan.reason})" if hier else "")
             if shm is not None
             else f"Gloo for every op: {reason}",
+        )
+    if reason is None:
+        reason = (
+            "every rank on one host"
+            if hier is None
+            else f"hierarchical: {the_plan.reason}, the hosts over Gloo"
         )
     return RingProcessGroup(
         rank,
@@ -111,17 +131,51 @@ def create_process_group(opts: Any, pg_options: Any = None) -> RingProcessGroup:
         gloo=gloo,
         shm=shm,
         cuda=_cuda_group(store, rank, size, timeout),
-        reason=reason or "every rank on one host",
+        hier=hier,
+        reason=reason,
     )
+
+
+def _join(
+    store: Any, group_id: str, gloo: Any, the_plan: Plan, rank: int, timeout: datetime.timedelta
+) -> tuple[ShmGroup | None, Hierarchy | None]:
+    """This rank's host's segment, and across hosts its :class:`Hierarchy` (the Gloo group
+    of the ranks with its local rank, made by every rank in the same call); (None, None)
+    when some host could not set its segment up (every rank agrees: then all use Gloo)."""
+    local = the_plan.local.index(rank)
+    shm = ShmGroup.create(
+        store,
+        f"ring-pg/{group_id}/h{the_plan.host}",
+        local,
+        len(the_plan.local),
+        timeout_s=timeout.total_seconds(),
+    )
+    if the_plan.mode != "hierarchical":
+        return shm, None
+    try:  # a host without room keeps the whole group on Gloo
+        ok = torch.tensor([int(shm is not None)], dtype=torch.int32)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp(dist.ReduceOp.MIN)
+        gloo.allreduce([ok], opts).wait()
+        if not int(ok.item()):
+            if shm is not None:
+                shm.close()
+            return None, None
+        width = len(the_plan.local)
+        hosts = len(the_plan.cross[0])
+        cross_store = dist.PrefixStore(f"ring-pg/cross/{local}/", store)
+        cross = dist.ProcessGroupGloo(cross_store, the_plan.host, hosts, timeout)
+    except BaseException:
+        if shm is not None:
+            shm.close()
+        raise
+    assert shm is not None
+    return shm, Hierarchy(shm, cross, the_plan.host, hosts, width)
 
 
 def register() -> None:
     """Make ``"ring"`` a ``torch.distributed`` backend (once per process)."""
-    if BACKEND_NAME.upper() in dist.Backend._plugins:
-        return
-    dist.Backend.register_backend(
-        BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu"]
-    )
+    register_with(dist, create_process_group)
 
 
 register()

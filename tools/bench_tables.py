@@ -133,6 +133,8 @@ def render(name: str, data: dict[str, Any]) -> str:
         )
     validate(name, data)
     lines = [_provenance(name, data), "", *_markdown_table(data["table"])]
+    for extra in data.get("more_tables", []):  # a second kind of row (e.g. a training step)
+        lines += ["", *_markdown_table(extra)]
     if data["targets"]:
         lines += ["", *(_target_line(t) for t in data["targets"])]
     return "\n".join(lines) + "\n"

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-BACKEND_NAME = "ring"  # ringcore.dist_backend.BACKEND_NAME, without importing it
+from ..shm.torch_name import register_with
+
+
+def _create(opts: Any, pg_options: Any = None) -> Any:
+    from ..dist_backend import create_process_group
+
+    return create_process_group(opts, pg_options)
 
 
 def know_ring(dist: Any) -> None:
     """Register the backend ``"ring"`` with ``dist`` unless it is known already."""
-    if BACKEND_NAME.upper() in dist.Backend._plugins:
-        return
-
-    def create(opts: Any, pg_options: Any = None) -> Any:
-        from ..dist_backend import create_process_group
-
-        return create_process_group(opts, pg_options)
-
-    dist.Backend.register_backend(BACKEND_NAME, create, extended_api=True, devices=["cpu"])
+    register_with(dist, _create)

@@ -58,7 +58,15 @@ from .group import DEFAULT_SLOT_BYTES, ShmGroup
 from .reduce import DTYPES
 from .segment import SHM_ENV_VAR, shm_enabled
 
-__all__ = ["HIERARCHICAL_ENV_VAR", "Plan", "ShmBackend", "host_key", "join", "plan"]
+__all__ = [
+    "HIERARCHICAL_ENV_VAR",
+    "Plan",
+    "ShmBackend",
+    "hierarchical_wish",
+    "host_key",
+    "join",
+    "plan",
+]
 
 log = logging.getLogger("ringtrain.ringcore.shm")
 
@@ -94,7 +102,7 @@ def host_key() -> str:
     return f"{boot}/{os.environ.get(cfg.HOSTNAME_ENV_VAR) or socket.gethostname()}"
 
 
-def _hierarchical_wish() -> bool | None:
+def hierarchical_wish() -> bool | None:
     raw = cfg.get_env(HIERARCHICAL_ENV_VAR)
     if raw is None or raw.strip() == "":
         return None
@@ -181,9 +189,9 @@ def join(inner: Backend, store: Any, prefix: str, topo: Topology, timeout_s: flo
         topo.rank,
         _gather_facts(store, topo, timeout_s),
         shm=shm_enabled(),
-        hierarchical=_hierarchical_wish(),
+        hierarchical=hierarchical_wish(),
     )
-    if _hierarchical_wish() and the_plan.mode == "off" and topo.rank == 0:
+    if hierarchical_wish() and the_plan.mode == "off" and topo.rank == 0:
         log.warning("%s=1 but the allreduce stays flat: %s.", HIERARCHICAL_ENV_VAR, the_plan.reason)
     log.debug("shared-memory data plane: %s (%s)", the_plan.mode, the_plan.reason)
     if the_plan.mode == "off":

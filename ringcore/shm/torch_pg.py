@@ -25,8 +25,13 @@ The route depends only on facts equal on every rank of a correct program (device
 dtype, operator, the sizes torch requires equal), so the ranks never split between the
 two paths. A shared-memory op runs to completion on the calling thread and returns a
 completed work whose ``get_future()`` holds the op's output tensors, as DDP's comm hooks
-expect. Ranks on several hosts use Gloo for every op (a hierarchical plan, as
-``ringcore.shm.layer`` runs for the engine, is a later step).
+expect (across hosts, on the group's thread: the work completes when the op did).
+
+Ranks on several hosts with the same number of ranks each, numbered host by host, run
+the same ops in two levels (:class:`~ringcore.shm.torch_hier.Hierarchy`: the host's
+segment, then Gloo across the hosts between the ranks of one local rank) for the
+element types Gloo carries across (:data:`~ringcore.shm.torch_hier.CROSS_DTYPES`);
+any other layout of hosts uses Gloo for every op.
 """
 
 from __future__ import annotations
@@ -42,12 +47,12 @@ from torch._C import _distributed_c10d
 from .._ops import ReduceOp
 from .group import ShmGroup
 from .reduce import DTYPES
+from .torch_hier import CROSS_DTYPES, Hierarchy, OpThread
+from .torch_name import BACKEND_NAME
 
-__all__ = ["BACKEND_NAME", "RingProcessGroup"]
+__all__ = ["RingProcessGroup"]
 
 c10d: Any = _distributed_c10d  # its stubs lack the private helpers used here
-
-BACKEND_NAME = "ring"
 
 _RED: Any = dist.ReduceOp.RedOpType
 _SHM_OPS = {
@@ -77,9 +82,9 @@ def _done(result: list[torch.Tensor]) -> Any:
     return c10d._create_work_from_future(fut)
 
 
-def _dense_cpu(ts: list[torch.Tensor]) -> bool:
+def _dense_cpu(ts: list[torch.Tensor], dtypes: tuple[torch.dtype, ...]) -> bool:
     return bool(ts) and all(
-        t.device.type == "cpu" and t.layout == torch.strided and t.dtype in DTYPES for t in ts
+        t.device.type == "cpu" and t.layout == torch.strided and t.dtype in dtypes for t in ts
     )
 
 
@@ -92,10 +97,12 @@ def _in_place(fn: Callable[[torch.Tensor], Any], t: torch.Tensor) -> None:
 
 
 class RingProcessGroup(_ProcessGroup):
-    """One group of ``torch.distributed`` ranks: ``shm`` (None: ranks on several hosts,
-    or shared memory off) for the CPU collectives it implements, ``gloo`` for the rest,
-    ``cuda`` (None without NCCL) for CUDA tensors. ``reason`` says, in words, why the
-    shared-memory path is on or off. ``stats`` counts the ops each path carried."""
+    """One group of ``torch.distributed`` ranks: ``shm`` (None: shared memory off, or
+    hosts laid out so that no plan uses it) for the CPU collectives it implements, with
+    ``hier`` (None: every rank on one host) when its ranks span several hosts, ``gloo``
+    for the rest, ``cuda`` (None without NCCL) for CUDA tensors. ``reason`` says, in
+    words, why the shared-memory path is on or off. ``stats`` counts the ops each path
+    carried (``shm`` counts the hierarchical ones too)."""
 
     def __init__(
         self,
@@ -105,11 +112,16 @@ class RingProcessGroup(_ProcessGroup):
         gloo: Any,
         shm: ShmGroup | None,
         cuda: Any = None,
+        hier: Hierarchy | None = None,
         reason: str = "",
     ) -> None:
         super().__init__(rank, size)  # the (store, rank, size) form makes no trampoline
         self._rank, self._size = rank, size
         self.gloo, self.shm, self.cuda, self.reason = gloo, shm, cuda, reason
+        self.hier = hier
+        # across hosts, ops run on a thread of the group (see ringcore.shm.torch_hier)
+        self._thread = OpThread(f"ring-pg-{rank}") if hier is not None else None
+        self._dtypes = DTYPES if hier is None else CROSS_DTYPES
         self.stats = {"shm": 0, "gloo": 0, "cuda": 0}
         self._lock = threading.Lock()  # one op at a time in the segment
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
@@ -139,14 +151,19 @@ class RingProcessGroup(_ProcessGroup):
         return self.gloo
 
     def _ours(self, ts: list[torch.Tensor], op: Any = None) -> bool:
-        if self.shm is None or not _dense_cpu(ts):
+        if self.shm is None or not _dense_cpu(ts, self._dtypes):
             return False
         return op is None or _shm_op(op) is not None
 
     def _run(self, fn: Callable[[], Any], result: list[torch.Tensor]) -> Any:
-        with self._lock:
-            self.stats["shm"] += 1
-            fn()
+        def run() -> None:
+            with self._lock:
+                self.stats["shm"] += 1
+                fn()
+
+        if self._thread is not None:
+            return self._thread.submit(run, result)
+        run()
         return _done(result)
 
     # ---- collectives --------------------------------------------------------------------
@@ -173,9 +190,19 @@ class RingProcessGroup(_ProcessGroup):
         return self._run(run, tensors)
 
     def _allreduce(self, tensors: list[torch.Tensor], op: Any) -> None:
-        """One fused allreduce of ``tensors`` (one dtype) through the segment's slot."""
-        shm = self.shm
+        """One fused allreduce of ``tensors`` (one dtype) through the segment's slot (or,
+        across hosts, the two levels)."""
+        shm, hier = self.shm, self.hier
         assert shm is not None
+        if hier is not None and len(tensors) == 1:  # reduced in two levels
+            _in_place(lambda x: hier.allreduce_(x.view(-1), op), tensors[0])
+            return
+        if hier is not None:  # one flat buffer of them all
+            flat = torch.cat([t.reshape(-1) for t in tensors])
+            hier.allreduce_(flat, op)
+            for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+                t.copy_(part.view(t.shape))
+            return
         if len(tensors) == 1:
             _in_place(lambda x: shm.allreduce_(x, op), tensors[0])
             return
@@ -193,7 +220,10 @@ class RingProcessGroup(_ProcessGroup):
 
         def run() -> None:
             for t in tensors:
-                _in_place(lambda x: self.shm.broadcast_(x, root), t)  # type: ignore[union-attr]
+                if self.hier is not None:
+                    _in_place(lambda x: self.hier.broadcast_(x, root), t)  # type: ignore[union-attr]
+                else:
+                    _in_place(lambda x: self.shm.broadcast_(x, root), t)  # type: ignore[union-attr]
 
         return self._run(run, tensors)
 
@@ -233,6 +263,10 @@ class RingProcessGroup(_ProcessGroup):
     def _gather_rows(self, t: torch.Tensor) -> torch.Tensor:
         """Every rank's ``t`` flattened, one row per rank."""
         assert self.shm is not None
+        if self.hier is not None:
+            out = torch.empty(self._size * t.numel(), dtype=t.dtype)
+            self.hier.gather_into(t, out)
+            return out.view(self._size, -1)
         return self.shm.allgather(t.contiguous().view(1, -1))
 
     def _gather_into(self, t: torch.Tensor, output: torch.Tensor) -> None:
@@ -240,7 +274,9 @@ class RingProcessGroup(_ProcessGroup):
         place when ``output`` is contiguous (FSDP2's all-gather buffer), so that no second
         buffer of the gathered size is made per op."""
         assert self.shm is not None
-        if output.is_contiguous():
+        if output.is_contiguous() and self.hier is not None:
+            self.hier.gather_into(t, output)
+        elif output.is_contiguous():
             self.shm.allgather(t.contiguous().view(1, -1), out=output.view(self._size, -1))
         else:
             output.copy_(self._gather_rows(t).view(output.shape))
@@ -282,12 +318,19 @@ class RingProcessGroup(_ProcessGroup):
         rop = _shm_op(op)
         assert self.shm is not None and rop is not None
         rows = input.contiguous().view(self._size, -1)
-        if output.is_contiguous():  # in place: no buffer of this rank's share per op
+        if self.hier is not None:
+            x = output if output.is_contiguous() else torch.empty_like(output).contiguous()
+            self.hier.scatter_into(rows, x, rop)
+            if x is not output:
+                output.copy_(x)
+        elif output.is_contiguous():  # in place: no buffer of this rank's share per op
             self.shm.reducescatter(rows, rop, out=output.view(1, -1))
         else:
             output.copy_(self.shm.reducescatter(rows, rop).view(output.shape))
 
     def barrier(self, opts: Any = None) -> Any:
+        if self.hier is not None:  # after the ops before it, on the group's thread
+            return self._run(self.hier.barrier, [])
         if self.shm is None:
             self.stats["gloo"] += 1
             return self.gloo.barrier(opts if opts is not None else dist.BarrierOptions())
@@ -369,12 +412,17 @@ class RingProcessGroup(_ProcessGroup):
     # ---- leaving ------------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Leave the segment, then Gloo's (and NCCL's) groups, as torch's destroy does."""
+        """Run the ops still queued, leave the segment, then Gloo's (and NCCL's) groups,
+        as torch's destroy does."""
+        if self._thread is not None:
+            self._thread.close()
         if self.shm is not None:
             self.shm.close()
         super().shutdown()
 
     def abort(self) -> None:
+        if self._thread is not None:
+            self._thread.close(timeout_s=0.0)
         if self.shm is not None:
             self.shm.close()
         super().abort()

@@ -4,7 +4,9 @@ Each rank runs allreduces of several sizes and operators through the engine and 
 same reductions directly on the default Gloo group (the flat ring) in the same
 process, and reports both. On 2 hosts x 2 ranks the engine must pick the
 hierarchical plan and agree with the flat ring; on 2 + 1 ranks it must keep the flat
-ring. Skipped where root or ``ip netns`` is missing.
+ring. The torch.distributed backend "ring" must do the same with its own collectives
+(allreduce, all-gather, reduce-scatter, broadcast). Skipped where root or ``ip netns``
+is missing.
 """
 
 from __future__ import annotations
@@ -51,9 +53,33 @@ for dtype in (torch.float32, torch.int64, torch.bfloat16):
             checked += 1
             if not torch.equal(ours, flat):
                 differ.append(f"{dtype}/{numel}/{op}")
+# the torch.distributed backend "ring" on the same hosts, against the default (Gloo) group
+import ringcore.dist_backend  # noqa: F401
+ring = dist.new_group(backend="ring")
+ring_differ = []
+for dtype in (torch.float32, torch.int64):
+    for numel in (3, 300_001):
+        x = ((torch.arange(numel) * (r + 1)) % 5 - 2).to(dtype)
+        a, b = x.clone(), x.clone()
+        dist.all_reduce(a, group=ring)
+        dist.all_reduce(b)
+        a2, b2 = torch.empty(n * numel, dtype=dtype), torch.empty(n * numel, dtype=dtype)
+        dist.all_gather_into_tensor(a2, x, group=ring)
+        dist.all_gather_into_tensor(b2, x)
+        a3, b3 = torch.empty(numel, dtype=dtype), torch.empty(numel, dtype=dtype)
+        dist.reduce_scatter_tensor(a3, torch.cat([x * (i + 1) for i in range(n)]), group=ring)
+        dist.reduce_scatter_tensor(b3, torch.cat([x * (i + 1) for i in range(n)]))
+        a4, b4 = x.clone(), x.clone()
+        dist.broadcast(a4, src=n - 1, group=ring)
+        dist.broadcast(b4, src=n - 1)
+        for what, u, v in (("allreduce", a, b), ("allgather", a2, b2),
+                           ("reducescatter", a3, b3), ("broadcast", a4, b4)):
+            if not torch.equal(u, v):
+                ring_differ.append(f"{what}/{dtype}/{numel}")
 print(json.dumps({
     "rank": r, "mode": getattr(backend, "mode", None), "stats": getattr(backend, "stats", None),
     "class": type(backend).__name__, "checked": checked, "differ": differ,
+    "ring": ring.reason, "ring_shm": ring.stats["shm"], "ring_differ": ring_differ,
 }), flush=True)
 hvd.shutdown()
 """
@@ -112,6 +138,9 @@ def test_two_hosts_of_two_ranks_reduce_hierarchically_and_agree_with_the_flat_ri
         assert res["mode"] == "hierarchical"
         assert res["checked"] == 60 and res["differ"] == []
         assert res["stats"]["hierarchical"] == 60 and res["stats"]["network"] == 0
+        # the backend "ring" runs the same two levels for torch.distributed programs
+        assert res["ring"] == "hierarchical: 2 hosts x 2 ranks, the hosts over Gloo"
+        assert res["ring_shm"] == 16 and res["ring_differ"] == []
 
 
 def test_two_ranks_on_one_host_and_one_on_another_keep_the_flat_ring(cluster):
@@ -120,3 +149,7 @@ def test_two_ranks_on_one_host_and_one_on_another_keep_the_flat_ring(cluster):
     for res in results:
         assert res["class"] != "ShmBackend" and res["mode"] is None
         assert res["checked"] == 60 and res["differ"] == []
+        assert res["ring"] == (
+            "several hosts, no hierarchy: hosts run different numbers of ranks ([2, 1])"
+        )
+        assert res["ring_shm"] == 0 and res["ring_differ"] == []

@@ -1,9 +1,11 @@
 """The torch.distributed backend "ring" (ringcore.dist_backend): each collective it
 carries through shared memory gives Gloo's result on the same inputs; DDP and FSDP2
-train over it as over Gloo; what it does not carry (alltoall, send/recv, gather, ranks
-on several hosts, RING_TORCH_BACKEND=0) runs on its Gloo group and still works.
+train over it as over Gloo; two (faked) hosts of two ranks run the same in two levels;
+what it does not carry (alltoall, send/recv, gather, one rank per host,
+RING_TORCH_BACKEND=0) runs on its Gloo group and still works.
 
-One pair of ranks runs every one-host check (a rank pair costs seconds to start)."""
+One pair of ranks runs every one-host check, four ranks every two-host one (ranks cost
+seconds to start)."""
 
 from __future__ import annotations
 
@@ -101,7 +103,8 @@ def _collectives(pg, gloo) -> dict:
     x = torch.ones(4) * (rank + 1)
     work = dist.all_reduce(x, async_op=True)
     fut = work.get_future().wait()
-    if not (work.is_completed() and fut[0] is not None and fut[0].tolist() == [3.0] * 4):
+    total = float(size * (size + 1) // 2)
+    if not (work.is_completed() and fut[0] is not None and fut[0].tolist() == [total] * 4):
         bad.append(f"async future {fut}")
     dist.barrier()
     return {"bad": bad, "shm_ops": pg.stats["shm"] - before, "gloo_ops": pg.stats["gloo"]}
@@ -326,10 +329,67 @@ def _gloo_only() -> dict:
     return out
 
 
-def test_ranks_on_two_hosts_use_gloo_for_every_op():
+def _two_hosts() -> dict:
+    """Two hosts of two ranks: every collective, DDP, FSDP2 and DTensor over "ring"
+    against Gloo's."""
+    import torch
+    import torch.distributed as dist
+
+    import ringcore.dist_backend  # noqa: F401
+
+    dist.init_process_group("ring")
+    pg = dist.group.WORLD
+    gloo = dist.new_group(backend="gloo")
+    out = {"reason": pg.reason, "hier": pg.hier is not None, "collectives": _collectives(pg, gloo)}
+    before = pg.stats["shm"]
+    ring, ref = _ddp_weights(None), _ddp_weights(gloo)
+    out["ddp_shm_ops"] = pg.stats["shm"] - before
+    out["ddp_diff"] = max(float((ring[k] - ref[k]).abs().max()) for k in ring)
+    before = pg.stats["shm"]
+    out["fsdp_ring"], out["fsdp_gloo"] = _fsdp_losses(pg), _fsdp_losses(gloo)
+    out["fsdp_shm_ops"] = pg.stats["shm"] - before
+    out["dtensor"], out["dtensor_gloo"] = _dtensor_sums(pg), _dtensor_sums(gloo)
+    # a bool tensor (the segment's Sum is "or", Gloo's is not) takes the flat Gloo group
+    before = dict(pg.stats)
+    flags = torch.tensor([dist.get_rank() == 0, False])
+    dist.all_reduce(flags)
+    out["bool"] = (
+        flags.tolist(),
+        pg.stats["gloo"] - before["gloo"],
+        pg.stats["shm"] - before["shm"],
+    )
+    dist.destroy_process_group()
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_hosts():
+    return run_workers(
+        _two_hosts, np=4, hosts=["host-a", "host-a", "host-b", "host-b"], timeout=180
+    )
+
+
+def test_two_hosts_of_two_ranks_run_every_collective_in_two_levels_as_gloo(two_hosts):
+    for r in two_hosts:
+        assert r["hier"] and r["reason"] == "hierarchical: 2 hosts x 2 ranks, the hosts over Gloo"
+        c = r["collectives"]
+        assert c["bad"] == []
+        assert c["shm_ops"] == len(DTYPES) * len(SIZES) * 9 + 4
+        assert r["bool"] == ([True, False], 1, 0)
+
+
+def test_ddp_fsdp2_and_dtensor_across_hosts_over_ring_train_as_over_gloo(two_hosts):
+    for r in two_hosts:
+        assert r["ddp_shm_ops"] > 4 and r["ddp_diff"] < 1e-5  # sums in another order
+        assert r["fsdp_shm_ops"] > 4 * 3 * 2
+        assert r["fsdp_ring"] == pytest.approx(r["fsdp_gloo"], rel=1e-5)
+        assert r["dtensor"] == r["dtensor_gloo"]
+
+
+def test_one_rank_per_host_uses_gloo_for_every_op():
     results = run_workers(_gloo_only, np=2, hosts=["host-a", "host-b"], timeout=60)
     for r in results:
-        assert r["reason"] == "its 2 ranks are on 2 hosts (no hierarchical plan yet)"
+        assert r["reason"] == "one rank per host"
         assert (r["shm"], r["sum"], r["stats"]["shm"]) == (None, [0.0, 3.0, 6.0], 0)
     assert results[0]["weights"] == results[1]["weights"]
     assert all(r["dtensor_same"] for r in results)
@@ -373,15 +433,39 @@ def test_the_host_plan_names_why_a_group_stays_on_gloo(monkeypatch):
     import torch.distributed as dist
 
     from ringcore.dist_backend import _host_plan
+    from ringcore.shm.layer import host_key
 
-    store, timeout = dist.HashStore(), datetime.timedelta(seconds=5)
-    store.set("ring-pg/host/1", "another-boot-id/another-host")
-    assert (
-        _host_plan(store, 0, 2, timeout) == "its 2 ranks are on 2 hosts (no hierarchical plan yet)"
+    timeout = datetime.timedelta(seconds=5)
+
+    def plan_of(*others: str) -> tuple[str, str]:
+        """Rank 0's plan (rank 0 on this host) when ranks 1.. report ``others`` ("": this
+        host)."""
+        store = dist.HashStore()
+        for r, h in enumerate(others, 1):
+            store.set(f"ring-pg/host/{r}", h or host_key())
+        p = _host_plan(store, 0, 1 + len(others), timeout)
+        return p.mode, p.reason
+
+    assert plan_of("") == ("flat", "every rank on one host")
+    assert plan_of("b/other") == ("off", "one rank per host")
+    assert plan_of("", "b/other", "b/other") == ("hierarchical", "2 hosts x 2 ranks")
+    assert plan_of("", "b/other") == (
+        "off",
+        "several hosts, no hierarchy: hosts run different numbers of ranks ([2, 1])",
     )
-    assert _host_plan(dist.HashStore(), 0, 1, timeout) == "one rank"
+    assert plan_of("b/other", "", "b/other") == (
+        "off",
+        "several hosts, no hierarchy: ranks are not numbered host by host",
+    )
+    monkeypatch.setenv("RING_HIERARCHICAL_ALLREDUCE", "0")
+    assert plan_of("", "b/other", "b/other") == (
+        "off",
+        "several hosts, no hierarchy: RING_HIERARCHICAL_ALLREDUCE=0",
+    )
+    monkeypatch.delenv("RING_HIERARCHICAL_ALLREDUCE")
+    assert _host_plan(dist.HashStore(), 0, 1, timeout).reason == "one rank"
     monkeypatch.setenv("RING_TORCH_BACKEND", "0")
-    assert _host_plan(dist.HashStore(), 0, 2, timeout) == "RING_TORCH_BACKEND=0"
+    assert _host_plan(dist.HashStore(), 0, 2, timeout).reason == "RING_TORCH_BACKEND=0"
     monkeypatch.setenv("RING_TORCH_BACKEND", "1")
     monkeypatch.setenv("RING_SHM", "0")
-    assert _host_plan(dist.HashStore(), 0, 2, timeout) == "RING_SHM=0"
+    assert _host_plan(dist.HashStore(), 0, 2, timeout).reason == "RING_SHM=0"

@@ -33,8 +33,9 @@ def strategy_group(device: Any) -> Any:
     For a model on the CPU, in a job of several ranks: a group of the
     ``torch.distributed`` backend ``"ring"`` over every rank (``ringcore.dist_backend``),
     whose CPU collectives between the ranks of one host go through ringcore's
-    shared-memory plane, and through Gloo otherwise (ranks on several hosts, ops it does
-    not carry). Made once per job: ``new_group`` is collective, and every rank's strategy
+    shared-memory plane, across hosts of the same size in two levels (the host's plane,
+    Gloo between the hosts), and through Gloo otherwise (other layouts of hosts, ops it
+    does not carry). Made once per job: ``new_group`` is collective, and every rank's strategy
     asks for it at the same point of ``prepare``. ``RING_TORCH_BACKEND=0``, a CUDA model
     (NCCL is the default group's) or one rank: None."""
     import torch.distributed as dist
