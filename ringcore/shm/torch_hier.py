@@ -34,6 +34,7 @@ the others to its flat Gloo group, as on one host it gives what the segment lack
 
 from __future__ import annotations
 
+import datetime
 import queue
 import threading
 from collections.abc import Callable
@@ -42,15 +43,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C import _distributed_c10d
 
 from .._ops import ReduceOp
 from .group import ShmGroup
 from .reduce import finish_
 
 __all__ = ["CROSS_DTYPES", "Hierarchy", "OpThread"]
-
-c10d: Any = _distributed_c10d  # its stubs lack the private helpers used here
 
 #: element types the hierarchical plan carries (Gloo's, with the segment's meaning)
 CROSS_DTYPES: tuple[torch.dtype, ...] = (
@@ -155,6 +153,34 @@ class Hierarchy:
         self.shm.close()
 
 
+_Work: Any = dist._Work  # torch's stubs do not type the Python-subclassable Work
+
+
+class FutureWork(_Work):
+    """A work that completes with ``fut``, and whose ``wait()`` raises what the op raised:
+    torch's ``_create_work_from_future`` makes a work that reports success, and a future
+    that holds nothing, when its future fails (torch 2.13) — a failed op would go unseen
+    and its tensors be used as if reduced. ``wait``'s timeout is the op's own (the
+    segment's rounds and Gloo's time out by themselves)."""
+
+    def __init__(self, fut: torch.futures.Future) -> None:
+        super().__init__()
+        self._fut = fut
+
+    def wait(self, timeout: datetime.timedelta = datetime.timedelta(0)) -> bool:
+        self._fut.wait()  # raises the op's error
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._fut
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def result(self) -> list[torch.Tensor]:
+        return self._fut.wait()
+
+
 class OpThread:
     """One thread that runs a group's ops in the order :meth:`submit` was called (every
     rank calls them in the same order, so the ranks' threads meet in each op), started
@@ -174,7 +200,7 @@ class OpThread:
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
             self._ops.put((fn, result, fut))
-        return c10d._create_work_from_future(fut)
+        return FutureWork(fut)
 
     def _loop(self) -> None:
         while True:

@@ -358,6 +358,22 @@ def _two_hosts() -> dict:
         pg.stats["gloo"] - before["gloo"],
         pg.stats["shm"] - before["shm"],
     )
+    # an op that fails on the group's thread fails the caller's wait (every rank's, here)
+    real = pg.hier.allreduce_
+
+    def broken(flat, op):
+        raise RuntimeError("injected: the cross-host allreduce failed")
+
+    pg.hier.allreduce_ = broken
+    try:
+        dist.all_reduce(torch.ones(3))
+        out["error"] = None
+    except RuntimeError as exc:
+        out["error"] = str(exc)
+    pg.hier.allreduce_ = real
+    y = torch.ones(3)
+    dist.all_reduce(y)
+    out["after_error"] = y.tolist()
     dist.destroy_process_group()
     return out
 
@@ -376,6 +392,8 @@ def test_two_hosts_of_two_ranks_run_every_collective_in_two_levels_as_gloo(two_h
         assert c["bad"] == []
         assert c["shm_ops"] == len(DTYPES) * len(SIZES) * 9 + 4
         assert r["bool"] == ([True, False], 1, 0)
+        assert "injected: the cross-host allreduce failed" in r["error"]
+        assert r["after_error"] == [4.0, 4.0, 4.0]  # the group goes on
 
 
 def test_ddp_fsdp2_and_dtensor_across_hosts_over_ring_train_as_over_gloo(two_hosts):
@@ -469,3 +487,31 @@ def test_the_host_plan_names_why_a_group_stays_on_gloo(monkeypatch):
     monkeypatch.setenv("RING_TORCH_BACKEND", "1")
     monkeypatch.setenv("RING_SHM", "0")
     assert _host_plan(dist.HashStore(), 0, 2, timeout).reason == "RING_SHM=0"
+
+
+def test_the_group_thread_runs_ops_in_order_fails_only_the_op_that_raised_and_drains_on_close():
+    import torch
+
+    from ringcore.shm.torch_hier import OpThread
+
+    ran: list[int] = []
+    thread = OpThread("test-ring-pg")
+
+    def op(i: int):
+        def run() -> None:
+            if i == 2:
+                raise RuntimeError("the cross-host allreduce timed out")
+            ran.append(i)
+
+        return run
+
+    works = [thread.submit(op(i), [torch.tensor([float(i)])]) for i in range(5)]
+    with pytest.raises(RuntimeError, match="the cross-host allreduce timed out"):
+        works[2].wait()
+    for i in (0, 1, 3, 4):
+        works[i].wait()
+        assert works[i].get_future().value()[0].item() == float(i)
+    assert ran == [0, 1, 3, 4]
+    late = thread.submit(op(5), [])
+    thread.close()  # runs what was submitted before it returns
+    assert ran == [0, 1, 3, 4, 5] and late.is_completed()
