@@ -559,11 +559,26 @@ import ringcore.torch as hvd
 dist.init_process_group("gloo")  # env://: MASTER_ADDR/PORT, RANK, WORLD_SIZE from ringrun
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
+# the backend "ring", known under ringrun: DDP over it across the hosts, as over Gloo
+ring = dist.new_group(backend="ring")
+weights = []
+for group in (ring, None):
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4), process_group=group)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(dist.get_rank()))
+    for _ in range(3):
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    weights.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
 hvd.init()
 print(json.dumps({
     "rank": hvd.rank(), "local_rank": hvd.local_rank(), "cross_rank": hvd.cross_rank(),
     "dist_sum": t.item(), "sum": hvd.allreduce(torch.tensor([1.0]), op=hvd.Sum).item(),
     "hostname": socket.gethostname(), "master": os.environ["MASTER_ADDR"],
+    "ring": ring.reason, "ring_ops": ring.stats["shm"],
+    "ddp_diff": float((weights[0] - weights[1]).abs().max()),
 }), flush=True)
 hvd.shutdown()
 """
@@ -581,7 +596,8 @@ exec ip netns exec "$ns" unshare --uts -- sh -c "hostname $name && $2"
 def test_ringrun_runs_two_ranks_on_each_of_two_hosts_through_ssh(cluster, tmp_path):
     """ringrun in the root namespace hosts the store (on its address toward the hosts);
     ranks start over the ssh seam; rank 0's MASTER_PORT is asked of its host; the
-    program's own init_process_group() forms a group across the hosts with no setting."""
+    program's own init_process_group() forms a group across the hosts with no setting,
+    and a group of the backend "ring" runs DDP in two levels as Gloo runs it."""
     launcher = tmp_path / "ssh.sh"
     launcher.write_text(_RINGRUN_SSH)
     launcher.chmod(0o755)
@@ -612,5 +628,7 @@ def test_ringrun_runs_two_ranks_on_each_of_two_hosts_through_ssh(cluster, tmp_pa
         assert res["rank"] == r and res["dist_sum"] == 10.0 and res["sum"] == 4.0
         assert (res["local_rank"], res["cross_rank"]) == (r % 2, r // 2)
         assert res["master"] == cluster.hosts[0].addr
+        assert res["ring"] == "hierarchical: 2 hosts x 2 ranks, the hosts over Gloo"
+        assert res["ring_ops"] > 3 and res["ddp_diff"] < 1e-6
     assert results[0]["hostname"] == results[1]["hostname"] != results[2]["hostname"]
     assert time.monotonic() - started < 120
