@@ -75,13 +75,17 @@ def _host_plan(store: Any, rank: int, size: int, timeout: datetime.timedelta) ->
     return plan(rank, facts, shm=True, hierarchical=hierarchical_wish())
 
 
-def _local_size_disagrees(size: int) -> str | None:
+def _local_size_disagrees(size: int, here: int | None = None) -> str | None:
     """For the world's group: torchrun's ``LOCAL_WORLD_SIZE`` that says otherwise than
-    the host check (ranks that share a boot id and host name but not ``/dev/shm``)."""
+    the host check (ranks that share a boot id and host name but not ``/dev/shm``);
+    ``here``: how many of the ranks report this host (None: all of them)."""
     world, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
-    if world is None or local is None or int(world) != size or int(local) == size:
+    here = size if here is None else here
+    if world is None or local is None or int(world) != size or int(local) == here:
         return None
-    return f"LOCAL_WORLD_SIZE={local} but the {size} ranks report one host"
+    if here == size:
+        return f"LOCAL_WORLD_SIZE={local} but the {size} ranks report one host"
+    return f"LOCAL_WORLD_SIZE={local} but {here} of the {size} ranks report this host"
 
 
 def _cuda_group(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> Any:
@@ -101,13 +105,23 @@ def create_process_group(opts: Any, pg_options: Any = None) -> RingProcessGroup:
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
     the_plan = _host_plan(store, rank, size, timeout)
     reason = None if the_plan.mode != "off" else the_plan.reason
-    if the_plan.mode == "flat" and opts.global_ranks_in_group in ([], list(range(size))):
+    world = opts.global_ranks_in_group in ([], list(range(size)))
+    if the_plan.mode == "flat" and world:
         reason = _local_size_disagrees(size)
+    # across hosts a host's veto reaches every rank through _join's agreement
+    veto = (
+        _local_size_disagrees(size, len(the_plan.local))
+        if the_plan.mode == "hierarchical" and world
+        else None
+    )
     shm, hier = None, None
     if reason is None:
-        shm, hier = _join(store, opts.group_id, gloo, the_plan, rank, timeout)
+        shm, hier = _join(store, opts.group_id, gloo, the_plan, rank, timeout, veto)
         if shm is None:
-            reason = "the shared-memory segment could not be set up (see the warning above)"
+            reason = veto or (
+                "some host's shared-memory segment could not be set up (see the warning "
+                "in that host's output)"
+            )
     if rank == 0:
         log.info(
             "torch.distributed backend %r, group %s of %d ranks: %s",
@@ -137,19 +151,32 @@ def create_process_group(opts: Any, pg_options: Any = None) -> RingProcessGroup:
 
 
 def _join(
-    store: Any, group_id: str, gloo: Any, the_plan: Plan, rank: int, timeout: datetime.timedelta
+    store: Any,
+    group_id: str,
+    gloo: Any,
+    the_plan: Plan,
+    rank: int,
+    timeout: datetime.timedelta,
+    veto: str | None = None,
 ) -> tuple[ShmGroup | None, Hierarchy | None]:
     """This rank's host's segment, and across hosts its :class:`Hierarchy` (the Gloo group
     of the ranks with its local rank, made by every rank in the same call); (None, None)
-    when some host could not set its segment up (every rank agrees: then all use Gloo)."""
+    when some host could not set its segment up, or vetoed it (``veto``: why this host's
+    ranks, which share their environment, do not use it), and then every rank agrees to
+    use Gloo."""
     local = the_plan.local.index(rank)
-    shm = ShmGroup.create(
-        store,
-        f"ring-pg/{group_id}/h{the_plan.host}",
-        local,
-        len(the_plan.local),
-        timeout_s=timeout.total_seconds(),
-    )
+    if veto is not None:
+        if local == 0:
+            log.warning("the ring backend keeps this group on Gloo: %s", veto)
+        shm = None
+    else:
+        shm = ShmGroup.create(
+            store,
+            f"ring-pg/{group_id}/h{the_plan.host}",
+            local,
+            len(the_plan.local),
+            timeout_s=timeout.total_seconds(),
+        )
     if the_plan.mode != "hierarchical":
         return shm, None
     try:  # a host without room keeps the whole group on Gloo

@@ -443,6 +443,34 @@ def test_a_local_world_size_that_disagrees_keeps_the_world_on_gloo(monkeypatch):
     assert _local_size_disagrees(4) is None
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     assert _local_size_disagrees(4) is None  # not under torchrun: the host check decides
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # across hosts: the ranks of this host
+    assert _local_size_disagrees(4, 2) == "LOCAL_WORLD_SIZE=4 but 2 of the 4 ranks report this host"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert _local_size_disagrees(4, 2) is None
+
+
+def _vetoed() -> dict:
+    import torch
+    import torch.distributed as dist
+
+    import ringcore.dist_backend  # noqa: F401
+
+    dist.init_process_group("ring")
+    pg = dist.group.WORLD
+    x = torch.ones(3)
+    dist.all_reduce(x)
+    out = {"reason": pg.reason, "shm": pg.shm is None and pg.hier is None, "sum": x.tolist()}
+    out["gloo_ops"] = pg.stats["gloo"]
+    dist.destroy_process_group()
+    return out
+
+
+def test_a_local_world_size_that_disagrees_across_hosts_keeps_every_rank_on_gloo():
+    hosts = ["host-a", "host-a", "host-b", "host-b"]
+    results = run_workers(_vetoed, np=4, hosts=hosts, env={"LOCAL_WORLD_SIZE": "4"}, timeout=60)
+    for r in results:
+        assert r["reason"] == "LOCAL_WORLD_SIZE=4 but 2 of the 4 ranks report this host"
+        assert (r["shm"], r["sum"], r["gloo_ops"]) == (True, [4.0, 4.0, 4.0], 1)
 
 
 def test_the_host_plan_names_why_a_group_stays_on_gloo(monkeypatch):
