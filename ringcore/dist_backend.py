@@ -133,9 +133,9 @@ def create_process_group(opts: Any, pg_options: Any = None) -> RingProcessGroup:
             if shm is not None
             else f"Gloo for every op: {reason}",
         )
-    if reason is None:
+    if reason is None:  # the flat plan says "every rank on one host"
         reason = (
-            "every rank on one host"
+            the_plan.reason
             if hier is None
             else f"hierarchical: {the_plan.reason}, the hosts over Gloo"
         )

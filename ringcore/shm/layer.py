@@ -44,6 +44,7 @@ import json
 import logging
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,13 +56,14 @@ from .._ops import ReduceOp
 from ..backends.protocol import Backend
 from ..rendezvous.topology import Topology
 from .group import DEFAULT_SLOT_BYTES, ShmGroup
-from .reduce import DTYPES
+from .reduce import DTYPES, finish_
 from .segment import SHM_ENV_VAR, shm_enabled
 
 __all__ = [
     "HIERARCHICAL_ENV_VAR",
     "Plan",
     "ShmBackend",
+    "allreduce_two_levels",
     "hierarchical_wish",
     "host_key",
     "join",
@@ -156,6 +158,29 @@ def plan(
         return Plan("off", local, host, reason=f"several hosts, no hierarchy: {why_not}")
     cross = tuple(tuple(h * width + lr for h in range(len(groups))) for lr in range(width))
     return Plan("hierarchical", local, host, cross, f"{len(groups)} hosts x {width} ranks")
+
+
+def allreduce_two_levels(
+    shm: ShmGroup,
+    flat: torch.Tensor,
+    op: ReduceOp,
+    across: Callable[[torch.Tensor, ReduceOp], None],
+    size: int,
+) -> None:
+    """``flat`` (1-D, contiguous) reduced over every host, in place: a reduce-scatter in
+    the host (``shm``), ``across(slice, op)`` (an allreduce of this rank's slice among the
+    ranks with its local rank), an all-gather in the host. Average is a sum at both levels,
+    divided by ``size`` (the ranks of every host) once, as the segment divides. The
+    engine's :class:`ShmBackend` and the ``"ring"`` backend's ``Hierarchy`` both run it."""
+    base = ReduceOp.Sum if op == ReduceOp.Average else op
+    part = shm.reducescatter(flat, base)
+    if part.numel():  # the same on every rank of the cross group (the same split)
+        across(part, base)
+        finish_(part, op, size, 1.0)
+    if flat.numel() % shm.local_size == 0:  # every rank's slice alike: straight into flat
+        shm.allgather(part, out=flat)
+    else:
+        flat.copy_(shm.allgather(part))
 
 
 def _gather_facts(store: Any, topo: Topology, timeout_s: float) -> list[tuple[str, int, int]]:
@@ -294,11 +319,14 @@ class ShmBackend:
 
     def _hierarchical(self, flat: torch.Tensor, op: ReduceOp) -> None:
         """Reduce-scatter in the host, allreduce of this rank's slice across the hosts
-        (the ranks with this local rank), allgather in the host."""
-        part = self.shm.reducescatter(flat, op)
-        if part.numel():  # the same on every rank of the cross group
-            self.inner.allreduce(part, op, self.cross_group)
-        flat.copy_(self.shm.allgather(part))
+        (the ranks with this local rank), allgather in the host (``op`` is never Average
+        here: the engine divides after the backend's sum)."""
+
+        def across(part: torch.Tensor, o: ReduceOp) -> None:
+            self.inner.allreduce(part, o, self.cross_group)
+
+        size = self.shm.local_size * len(self.plan.cross[0])
+        allreduce_two_levels(self.shm, flat, op, across, size)
 
     def allgather(self, t: torch.Tensor, dims: list[int], group: Any) -> torch.Tensor:
         if t.dim() == 0 or not self._ours(t, group):

@@ -46,20 +46,15 @@ import torch.distributed as dist
 
 from .._ops import ReduceOp
 from .group import ShmGroup
-from .reduce import finish_
+from .layer import allreduce_two_levels
+from .reduce import DTYPES, finish_
 
 __all__ = ["CROSS_DTYPES", "Hierarchy", "OpThread"]
 
-#: element types the hierarchical plan carries (Gloo's, with the segment's meaning)
-CROSS_DTYPES: tuple[torch.dtype, ...] = (
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.int8,
-    torch.uint8,
-    torch.int32,
-    torch.int64,
+#: element types the hierarchical plan carries: the segment's, less those Gloo refuses
+#: or cannot all-gather (int16, complex) or sums otherwise (bool: "or" in the segment)
+CROSS_DTYPES: tuple[torch.dtype, ...] = tuple(
+    d for d in DTYPES if d not in (torch.int16, torch.bool, torch.complex64, torch.complex128)
 )
 
 _TORCH_OPS = {
@@ -102,15 +97,7 @@ class Hierarchy:
 
     def allreduce_(self, flat: torch.Tensor, op: ReduceOp) -> None:
         """``flat`` (1-D, contiguous) reduced over every rank of the group, in place."""
-        base = _summed(op)
-        part = self.shm.reducescatter(flat, base)
-        if part.numel():  # the same on every rank of the cross group (the same split)
-            self._cross_allreduce(part, base)
-            finish_(part, op, self.size, 1.0)
-        if flat.numel() % self.width == 0:  # every rank's slice alike: straight into flat
-            self.shm.allgather(part, out=flat)
-        else:
-            flat.copy_(self.shm.allgather(part))
+        allreduce_two_levels(self.shm, flat, op, self._cross_allreduce, self.size)
 
     def gather_into(self, t: torch.Tensor, out: torch.Tensor) -> None:
         """Every rank's ``t`` into ``out`` (contiguous, ``size`` times its elements), in
@@ -148,9 +135,6 @@ class Hierarchy:
         if self.local == 0:
             self.cross.barrier(dist.BarrierOptions()).wait()
         self.shm.barrier()
-
-    def close(self) -> None:
-        self.shm.close()
 
 
 _Work: Any = dist._Work  # torch's stubs do not type the Python-subclassable Work

@@ -219,11 +219,10 @@ class RingProcessGroup(_ProcessGroup):
         root = opts.rootRank
 
         def run() -> None:
+            # one host: the group's rank is the local rank; across hosts: the two levels
+            group: Any = self.hier or self.shm
             for t in tensors:
-                if self.hier is not None:
-                    _in_place(lambda x: self.hier.broadcast_(x, root), t)  # type: ignore[union-attr]
-                else:
-                    _in_place(lambda x: self.shm.broadcast_(x, root), t)  # type: ignore[union-attr]
+                _in_place(lambda x: group.broadcast_(x, root), t)
 
         return self._run(run, tensors)
 
@@ -319,10 +318,7 @@ class RingProcessGroup(_ProcessGroup):
         assert self.shm is not None and rop is not None
         rows = input.contiguous().view(self._size, -1)
         if self.hier is not None:
-            x = output if output.is_contiguous() else torch.empty_like(output).contiguous()
-            self.hier.scatter_into(rows, x, rop)
-            if x is not output:
-                output.copy_(x)
+            _in_place(lambda x: self.hier.scatter_into(rows, x, rop), output)  # type: ignore[union-attr]
         elif output.is_contiguous():  # in place: no buffer of this rank's share per op
             self.shm.reducescatter(rows, rop, out=output.view(1, -1))
         else:
