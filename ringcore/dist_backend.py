@@ -176,6 +176,7 @@ def _join(
             local,
             len(the_plan.local),
             timeout_s=timeout.total_seconds(),
+            ranks=the_plan.local,
         )
     if the_plan.mode != "hierarchical":
         return shm, None

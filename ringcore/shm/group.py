@@ -55,6 +55,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -142,8 +143,11 @@ class ShmGroup(Rounds):
         *,
         timeout_s: float,
         slot_bytes: int = DEFAULT_SLOT_BYTES,
+        ranks: Sequence[int] | None = None,
     ) -> ShmGroup | None:
-        """Join the host's group (every local rank calls this); None: use the network."""
+        """Join the host's group (every local rank calls this); None: use the network.
+        ``ranks``: each local rank's rank in the job (or group), in local order, which
+        failures name."""
         if not 0 <= local_rank < local_size:
             raise ValueError(f"local_rank must be in [0, {local_size}), got {local_rank}")
         if not shm_enabled():
@@ -169,7 +173,7 @@ class ShmGroup(Rounds):
         if mapping is None:
             return None
         try:
-            return cls(mapping, local_rank, timeout_s)
+            return cls(mapping, local_rank, timeout_s, ranks)
         except BaseException:
             mapping.close()
             raise

@@ -234,6 +234,7 @@ def join(inner: Backend, store: Any, prefix: str, topo: Topology, timeout_s: flo
         len(the_plan.local),
         timeout_s=timeout_s,
         slot_bytes=ShmBackend.slot_bytes,
+        ranks=the_plan.local,
     )
     try:
         # every rank must agree: a host without room keeps the whole job on the network

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 from array import array
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -27,7 +28,13 @@ __all__ = ["Rounds"]
 class Rounds:
     """The mapped segment of one rank and the rounds it takes part in."""
 
-    def __init__(self, mapping: Mapping, local_rank: int, timeout_s: float):
+    def __init__(
+        self,
+        mapping: Mapping,
+        local_rank: int,
+        timeout_s: float,
+        ranks: Sequence[int] | None = None,
+    ):
         layout = self.layout = mapping.layout
         self.local_rank, self.local_size = local_rank, layout.local_size
         self.timeout_s = timeout_s
@@ -38,7 +45,9 @@ class Rounds:
         self._meta = view[layout.meta_offset : layout.meta_offset + 8 * words].cast("q")
         self._hdr = view[:64].cast("q")
         view.release()
-        self._sync = Sync(self._ctrl, local_rank, layout.local_size, mapping.sock, mapping.senders)
+        self._sync = Sync(
+            self._ctrl, local_rank, layout.local_size, mapping.sock, mapping.senders, ranks
+        )
         self._lock_fd = mapping.lock_fd
         #: the fast lane's proposals (``vote``); None where they cannot work
         self.votes: Votes | None = None

@@ -56,6 +56,7 @@ import platform
 import select
 import socket
 import time
+from collections.abc import Sequence
 
 from .._errors import RingError
 
@@ -128,8 +129,12 @@ class Sync:
         size: int,
         sock: socket.socket,
         senders: dict[int, socket.socket],
+        ranks: Sequence[int] | None = None,
     ):
+        """``ranks``: the job's (or group's) rank of each local rank, in local order, so
+        that a failure names the rank a user knows; None: local ranks only."""
         self.ctrl, self.me, self.size, self.sock = ctrl, me, size, sock
+        self.ranks = list(ranks) if ranks is not None else None
         self.seq = int(ctrl[me * _WORDS + SEQ])
         self.peers = [j for j in range(size) if j != me]
         self.senders = senders
@@ -236,18 +241,25 @@ class Sync:
                 self._lost(j, what)
             if self.ctrl[j * _WORDS + CLOSED]:
                 raise RingError(
-                    f"{what} on local rank {self.me} cannot complete: local rank {j} closed the "
-                    "shared-memory group. Call close() on every local rank only after the last "
-                    "collective."
+                    f"{what} on {self._who(self.me)} cannot complete: {self._who(j)} closed "
+                    "the shared-memory group. Call close() on every local rank only after the "
+                    "last collective."
                 )
             if j not in self._watched and not _alive(self.pids[j]):
                 self._lost(j, what)
 
+    def _who(self, j: int) -> str:
+        """Local rank ``j`` as a user knows it: its rank, and which local rank that is."""
+        if self.ranks is None:
+            return f"local rank {j}"
+        return f"rank {self.ranks[j]} (local rank {j} on this host)"
+
     def _lost(self, j: int, what: str) -> None:
+        theirs = "its" if self.ranks is None else f"rank {self.ranks[j]}'s"
         raise RingError(
-            f"lost local rank {j} (pid {self.pids[j]}): it exited while local rank {self.me} "
+            f"lost {self._who(j)}, pid {self.pids[j]}: it exited while {self._who(self.me)} "
             f"waited for it in {what}. The job must restart the lost rank (or the whole "
-            "group); look at rank's log for why it died."
+            f"group); {theirs} log says why it died."
         )
 
     def close(self) -> None:

@@ -53,8 +53,11 @@ def _segments(prefix: str) -> list[str]:
     return glob.glob(f"/dev/shm/ringshm-{prefix}-*")
 
 
-def _join(prefix: str, timeout_s: float = 20.0, slot_bytes: int = SLOT) -> ShmGroup | None:
-    """The worker's side: this rank's group over the job's store."""
+def _join(
+    prefix: str, timeout_s: float = 20.0, slot_bytes: int = SLOT, ranks: list[int] | None = None
+) -> ShmGroup | None:
+    """The worker's side: this rank's group over the job's store (``ranks``: the job's
+    ranks of the local ranks, which failures name)."""
     import torch.distributed as dist
 
     store = dist.TCPStore(
@@ -71,6 +74,7 @@ def _join(prefix: str, timeout_s: float = 20.0, slot_bytes: int = SLOT) -> ShmGr
         size,
         timeout_s=timeout_s,
         slot_bytes=slot_bytes,
+        ranks=ranks,
     )
 
 
@@ -397,10 +401,10 @@ def test_a_single_local_rank_works_in_process():
 # ---- failures -----------------------------------------------------------------------------
 
 
-def _dying_worker(prefix: str, when: str) -> dict:
+def _dying_worker(prefix: str, when: str, ranks: list[int] | None = None) -> dict:
     if when == "before_create" and int(os.environ["RING_RANK"]) == 1:
         os.kill(os.getpid(), signal.SIGKILL)
-    g = _join(prefix, timeout_s=30.0 if when != "before_create" else 3.0)
+    g = _join(prefix, timeout_s=30.0 if when != "before_create" else 3.0, ranks=ranks)
     assert g is not None
     x = torch.ones(5000)
     g.allreduce_(x)
@@ -414,13 +418,22 @@ def _dying_worker(prefix: str, when: str) -> dict:
         return {"error": str(exc), "after_s": time.monotonic() - t0}
 
 
-def test_sigkilled_rank_fails_the_others_fast_and_leaves_no_segment():
+@pytest.mark.parametrize("ranks", [None, [6, 7]])
+def test_sigkilled_rank_fails_the_others_fast_and_leaves_no_segment(ranks):
+    """Named as the user knows it: the job's rank where the group was told it (the
+    engine and the ring backend tell it: on a second host, local rank 1 is not rank 1)."""
     prefix = _prefix()
     results = run_workers(
-        _dying_worker, np=2, args=(prefix, "mid_run"), timeout=120, return_exceptions=True
+        _dying_worker, np=2, args=(prefix, "mid_run", ranks), timeout=120, return_exceptions=True
     )
     assert isinstance(results[1], WorkerError) and "ProcessExit" in str(results[1])
-    assert "lost local rank 1" in results[0]["error"]
+    if ranks is None:
+        assert "lost local rank 1, pid" in results[0]["error"]
+    else:
+        error = results[0]["error"]
+        assert "lost rank 7 (local rank 1 on this host), pid" in error, error
+        assert "while rank 6 (local rank 0 on this host) waited" in error
+        assert "rank 7's log says why it died" in error
     assert results[0]["after_s"] < 1.0
     assert _segments(prefix) == []
 
