@@ -79,9 +79,15 @@ class Coordinator(Negotiation):
         self.cache: dict[int, Request] = {}
         self.cache_ids: dict[tuple[int, str], int] = {}
         self.announced: set[int] = set()  # cache ids every rank has seen in a full entry
-        #: ops whose requests agreed by their cache id alone / after the field-by-field
-        #: comparison (tests read it)
-        self.stats = {"agreed_by_id": 0, "agreed_by_fields": 0}
+        #: how requests arrived: frames read, and those of them one rank sent for
+        #: its host (the host relay); ops whose requests agreed by their cache id alone / after
+        #: the field-by-field comparison (tests and bench read it)
+        self.stats = {
+            "agreed_by_id": 0,
+            "agreed_by_fields": 0,
+            "request_frames": 0,
+            "relayed_frames": 0,
+        }
         self.joined: list[int] = []
         self.gone: set[int] = set()
         self.aborted = False
@@ -267,8 +273,18 @@ class Coordinator(Negotiation):
     def _handle(self, rank: int, wire: dict) -> None:
         msg = decode_message(wire)
         if isinstance(msg, RequestBatch):
+            self.stats["request_frames"] += 1
+            if msg.ranks is None:
+                for req in msg.requests:
+                    self._add_request(rank, req)
+                return
+            ranks = self._relayed_for(rank, msg.ranks)
+            if ranks is None:
+                return
+            self.stats["relayed_frames"] += 1
             for req in msg.requests:
-                self._add_request(rank, req)
+                for r in ranks:
+                    self._add_request(r, req)
         elif isinstance(msg, JoinRequest):
             if rank not in self.joined:
                 self.joined.append(rank)
@@ -277,6 +293,27 @@ class Coordinator(Negotiation):
             self.gone.add(rank)
             self._fail_waiting_on(rank, left_the_job([rank]))
             self.channels[rank].send(Goodbye().to_wire())
+
+    def _relayed_for(self, rank: int, ranks: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The ranks a relayed batch stands for, checked: a block of consecutive ranks
+        that holds the sender (its host's: ranks are numbered host by host where the relay
+        runs). A claim of any other ranks is a defect of ours, not a user's: the job
+        aborts, saying so, rather than run ops some rank never asked for."""
+        ok = (
+            bool(ranks)
+            and all(isinstance(r, int) and not isinstance(r, bool) for r in ranks)
+            and ranks == tuple(range(ranks[0], ranks[0] + len(ranks)))
+            and ranks[0] >= 0
+            and ranks[-1] < self.cfg.size
+            and rank in ranks
+        )
+        if ok:
+            return ranks
+        self._abort(
+            f"rank {rank} sent requests for ranks {list(ranks)[:16]}, which are not a block of "
+            "its host's ranks; this is a ringtrain defect, please report it"
+        )
+        return None
 
     def _broadcast(self, message: Message) -> None:
         self.last_sent = time.monotonic()

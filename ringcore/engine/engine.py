@@ -5,7 +5,9 @@ coordinator (``coordinator``); the engine's thread receives the coordinator's
 ordered responses and runs them on the backend — fused allreduces through one flat
 buffer — then resolves the handles. Every rank runs the same responses in the same
 order, so the backend's collectives always match. On a one-host shared-memory job a
-waiting caller may run its rank's queued batch itself (the fast lane).
+waiting caller may run its rank's queued batch itself (the fast lane); across hosts,
+one rank of a host may send the batch its host's ranks agreed on for them all (the
+host relay).
 
 :class:`Engine` is one object whose methods live by job in this room's modules, each a
 part it is made of: ``submit`` (submission and the sender thread), ``lane`` (the fast
@@ -103,7 +105,8 @@ class Engine(Submission, FastLane, Receiver, Execution):
         #: sent in full, as a cache id with this call's fields, as the bare id; requests
         #: a blocking op sent at once from its caller's thread; response entries that
         #: came as bare ids; ops run through a fusion buffer with others; ops run in the
-        #: fast lane, and those of them the coordinator had not cached
+        #: fast lane, and those of them the coordinator had not cached; ops this rank's
+        #: host agreed on and one of its ranks sent for the host (the host relay)
         self.stats = dict.fromkeys(
             (
                 "sent_full",
@@ -115,13 +118,15 @@ class Engine(Submission, FastLane, Receiver, Execution):
                 "fast",
                 "fast_uncached",
                 "ops_in_slot",
+                "relayed",
             ),
             0,
         )
-        #: the fast lane's proposals (None: not a one-host shared-memory job, or
-        #: RING_FAST_LANE=0); the execution lock: the backend is used by one thread at a
-        #: time (the engine's, or a caller running its op in the fast lane)
-        self.votes = lane_votes(backend, size) if fast_lane else None
+        #: the host's proposals (None: no shared-memory group holds this rank's host, or
+        #: RING_FAST_LANE=0), and the host relay's ranks (this host's, on a hierarchical
+        #: plan; None on one host: the fast lane); the execution lock: the backend is used
+        #: by one thread at a time (the engine's, or a caller running its op in the lane)
+        self.votes, self.relay_ranks = lane_votes(backend, size) if fast_lane else (None, None)
         self._exec_lock = threading.Lock()
         self._fast_busy = False
         self._queued = 0  # ops queued so far (the sender's idle wait watches it grow)

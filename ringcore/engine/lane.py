@@ -8,7 +8,17 @@ id when the coordinator has cached it, else by a digest of the whole request
 (:func:`request_key`): an unnamed op (named by a counter, never cached) or a name seen
 for the first time takes the lane as a repeated one does. While the lane can be taken, the sender
 thread waits for a cycle without new submissions before sending a burst
-(:data:`LANE_IDLE_S`). A part of :class:`~ringcore.engine.engine.Engine`.
+(:data:`LANE_IDLE_S`).
+
+**Across hosts** (a hierarchical plan: each host's ranks share a segment) the coordinator
+still orders every op, since only rank 0 sees every host's, but each host negotiates for
+itself (the *host relay*): the host's ranks vote on their batch as on one host
+(``ringcore.shm.vote``, with ``acks``), and once they agree, the rank whose vote
+completed the agreement (the one that knows it first, with no wait) sends the batch
+once, for all of them, while the others send nothing. The coordinator then reads one
+frame per host instead of one per rank. Ranks that disagree (or a vote that times out)
+send their own requests, and the coordinator compares them field by field as always. A
+part of :class:`~ringcore.engine.engine.Engine`.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from .._errors import RingInternalError
 from .._ops import OpKind, ReduceOp
 from .fusion import FusionBuckets
 from .handle import Handle
+from .messages import RequestBatch
 from .protocol import CachedId, CachedRequest, Entry, Request
 from .timeline import Timeline
 
@@ -57,10 +68,14 @@ class FastLane:
     timeline: Timeline
     fusion_threshold: int
     rank: int
+    relay_ranks: tuple[int, ...] | None
+    channel: Any
+    _send_lock: threading.Lock
     _fast_busy: bool
     _kind: OpKind
     _break: Callable[[str], None]
     _allreduce_bufs: Callable[..., None]
+    _publish_busy: Callable[[], None]
 
     def _lane_batch(self) -> list[tuple[int, Handle]] | None:
         """Every op of this rank, as (key, handle), when they may take the fast lane (under
@@ -141,6 +156,46 @@ class FastLane:
                 self._fast_busy = False
             self._exec_lock.release()
 
+    def _relay(self) -> bool:
+        """Across hosts: send this rank's queued batch to the coordinator once for the whole
+        host when every rank of the host votes for the same batch now, from the rank whose
+        vote completed the agreement (see the module's docstring). False: nothing was
+        taken (the caller sends as usual)."""
+        votes, ranks = self.votes, self.relay_ranks
+        assert votes is not None and ranks is not None
+        with self._lock:
+            batch = self._lane_batch()
+            if batch is None:
+                return False
+            batch.sort(key=lambda ch: ch[0])
+            pid = votes.propose(batch_key([c for c, _ in batch]))
+            if pid is None:
+                return False
+            # out of the queue while the host votes (the sender must not send them too);
+            # still pending: the coordinator's response runs them as any other op
+            taken, self.outbox = self.outbox, []
+            self._fast_busy = True
+        try:
+            committed = votes.wait(pid)
+            if not committed:
+                with self._lock:  # back in the queue, ahead of what came since
+                    if self.broken is None:
+                        self.outbox = taken + self.outbox
+                return False
+            if votes.committed_here == pid:  # the last to agree: it knows first
+                try:
+                    with self._send_lock:
+                        self.channel.send(RequestBatch(tuple(taken), ranks).to_wire())
+                except OSError as exc:
+                    self._break(f"the coordinator is unreachable ({exc}); rank 0 may have died")
+            with self._lock:
+                self._publish_busy()  # sent (for the host): in flight from now on
+            self.stats["relayed"] += len(batch)
+            return True
+        finally:
+            with self._lock:
+                self._fast_busy = False
+
     def _run_batch(self, batch: list[tuple[int, Handle]]) -> None:
         """Run a committed batch (sorted by cache id): allreduces of one dtype, op and
         scale fused up to the fusion threshold, in the same order on every rank."""
@@ -185,13 +240,21 @@ def lane_kind(req: Any) -> bool:
     )
 
 
-def lane_votes(backend: Any, size: int) -> Any:
-    """The shared-memory group's proposals when every rank of the job is in it (a flat
-    plan); else None."""
-    shm = getattr(backend, "shm", None)
-    if getattr(backend, "mode", None) != "flat" or shm is None or shm.local_size != size:
-        return None
-    return getattr(shm, "votes", None)
+def lane_votes(backend: Any, size: int) -> tuple[Any, tuple[int, ...] | None]:
+    """The shared-memory group's proposals, and the host relay's ranks: ``(votes, None)``
+    when every rank of the job is in the group (a flat plan: the fast lane); ``(votes,
+    the host's ranks)`` on a hierarchical plan (the host relay); else ``(None, None)``."""
+    shm: Any = getattr(backend, "shm", None)
+    votes = getattr(shm, "votes", None)
+    mode = getattr(backend, "mode", None)
+    if votes is None:
+        return None, None
+    if mode == "flat" and shm.local_size == size:
+        return votes, None
+    if mode == "hierarchical":
+        votes.acks = True
+        return votes, tuple(backend.plan.local)
+    return None, None
 
 
 def request_key(name: str, sig: tuple, shape: tuple[int, ...]) -> int:

@@ -26,13 +26,19 @@ __all__ = [
 
 @dataclass(frozen=True)
 class RequestBatch:
-    """rank -> coordinator: the requests queued since the last batch, in order."""
+    """rank -> coordinator: the requests queued since the last batch, in order.
+    ``ranks``: one rank of a host sends them for every rank of its host, which agreed on
+    them (the host relay, ``ringcore.engine.lane``); None: for the sender alone."""
 
     TAG = "req"
     requests: tuple[Request | CachedRequest | CachedId, ...]
+    ranks: tuple[int, ...] | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"t": self.TAG, "reqs": [r.to_wire() for r in self.requests]}
+        wire: dict[str, Any] = {"t": self.TAG, "reqs": [r.to_wire() for r in self.requests]}
+        if self.ranks is not None:
+            wire["for"] = list(self.ranks)
+        return wire
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,14 @@ def decode_message(wire: dict[str, Any]) -> Message | None:
     that come once per op or batch are built without ``__init__`` (``_build``)."""
     tag = wire.get("t")
     if tag == RequestBatch.TAG:
-        return _build(RequestBatch, {"requests": tuple(map(decode_request, wire["reqs"]))})
+        ranks = wire.get("for")
+        return _build(
+            RequestBatch,
+            {
+                "requests": tuple(map(decode_request, wire["reqs"])),
+                "ranks": None if ranks is None else tuple(ranks),
+            },
+        )
     if tag == ResponseBatch.TAG:
         return _build(ResponseBatch, {"items": tuple(map(ResponseItem.from_wire, wire["items"]))})
     if tag == JoinRequest.TAG:

@@ -56,6 +56,8 @@ class Submission:
     _break: Callable[[str], None]
     _take: Callable[[int, str], Handle | None]
     _run_lane: Callable[[], bool]
+    _relay: Callable[[], bool]
+    relay_ranks: tuple[int, ...] | None
 
     def auto_name(self, kind: str) -> str:
         with self._lock:
@@ -161,11 +163,15 @@ class Submission:
 
     def wait(self, handle: Any) -> None:
         """Block until ``handle`` is done: through the fast lane when every rank votes for
-        this rank's queued batch, else sending queued requests first."""
+        this rank's queued batch (across hosts: sent once for the host when the host's ranks
+        do), else sending queued requests first."""
         if handle.done.is_set():
             return
-        if self.votes is not None and self._run_lane() and handle.done.is_set():
-            return
+        if self.votes is not None:
+            if self.relay_ranks is not None:
+                self._relay()  # taken or not, what is still queued is sent below
+            elif self._run_lane() and handle.done.is_set():
+                return
         self.flush()
         handle.done.wait()
 
@@ -180,7 +186,10 @@ class Submission:
                 if not self.outbox:
                     continue
             time.sleep(self.cycle_time_s)  # let a burst of submissions gather
-            if self.votes is not None:
+            if self.votes is not None and self.relay_ranks is None:
+                # one host: hold a burst for the lane. Not across hosts, where every op
+                # still goes through the coordinator: there, gradients sent as backward
+                # makes them are answered, and run, while backward goes on
                 self._await_lane()
             self.flush()
 

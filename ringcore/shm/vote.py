@@ -43,6 +43,14 @@ can open a proposal that would wait for a vote that never comes. A committed
 proposal's voters all run its op; none can open the next proposal before every voter
 joined that op's shared-memory rounds, so a waiter that finds another proposal's id in
 the header knows its own was aborted.
+
+**Across hosts** (the engine's host relay) a committed batch is not run by its voters
+but sent to the coordinator by the rank whose vote committed it, and the engine threads run it when
+the response comes; a voter may then look at the header only after its peers ran the
+batch and opened the next proposal. With ``acks`` set (on every rank of the host alike),
+each voter writes the id of the commit it saw in its own control line (``ACK``), and no
+proposal opens while a voter of the committed one in the header has not: a waiter that
+finds another id there still knows its own was aborted.
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ __all__ = ["GONE", "Votes"]
 H_ID, H_CID, H_VOTERS, H_STATE = 4, 5, 6, 7
 NONE, OPEN, COMMITTED, ABORTED = 0, 1, 2, 3
 BUSY = 4  # word of a rank's control line
+ACK = 5  # word of a rank's control line: the last committed proposal it saw (``acks``)
 GONE = 1 << 40  # busy of a rank that shut down: no proposal opens again
 _WORDS = 8
 _SPIN_S = 200e-6
@@ -89,6 +98,12 @@ class Votes:
         self.bit = 1 << me
         self.all = (1 << size) - 1
         self._busy_at = [j * _WORDS + BUSY for j in range(size)]
+        self._ack_at = [j * _WORDS + ACK for j in range(size)]
+        #: set on every rank of a host alike (the engine's host relay): a committed
+        #: proposal blocks the next one until each of its voters has seen it commit
+        self.acks = False
+        #: the last proposal this rank's own vote committed (the host relay's sender)
+        self.committed_here = 0
         #: proposals this rank committed / saw aborted (tests and bench read it)
         self.stats = {"committed": 0, "aborted": 0, "opened": 0}
 
@@ -146,9 +161,12 @@ class Votes:
                 hdr[H_VOTERS] = voters
                 if voters == self.all:
                     hdr[H_STATE] = COMMITTED
+                    self.committed_here = int(hdr[H_ID])
                 return int(hdr[H_ID])
             if any(self.ctrl[at] for at in self._busy_at):
                 return None  # some rank has ops in flight through the coordinator
+            if self.acks and hdr[H_STATE] == COMMITTED and not self._all_acked():
+                return None  # a voter of the last commit has not seen it yet
             pid = int(hdr[H_ID]) + 1
             hdr[H_CID], hdr[H_VOTERS] = cid, self.bit
             hdr[H_ID] = pid
@@ -174,13 +192,13 @@ class Votes:
         while time.perf_counter() < spin_end:
             out = self._outcome(pid)
             if out is not None:
-                return self._count(out)
+                return self._count(out, pid)
             os.sched_yield()  # a full 2-core host: let the rank we wait for run
         delay, next_check, end = 50e-6, t0 + 0.02, t0 + give_up_s
         while True:
             out = self._outcome(pid)
             if out is not None:
-                return self._count(out)
+                return self._count(out, pid)
             now = time.perf_counter()
             if now >= next_check:
                 next_check = now + 0.02
@@ -192,9 +210,19 @@ class Votes:
             time.sleep(delay)
             delay = min(delay * 2, 0.005)
 
-    def _count(self, committed: bool) -> bool:
+    def _count(self, committed: bool, pid: int) -> bool:
         self.stats["committed" if committed else "aborted"] += 1
+        if committed and self.acks:
+            self.ctrl[self._ack_at[self.me]] = pid  # this rank's own word: no lock
         return committed
+
+    def _all_acked(self) -> bool:
+        """Every voter of the committed proposal in the header has seen it commit (the
+        lock is held). Without this rule a voter slower to look than its peers are to
+        run the op and open the next proposal would find another id in the header and
+        take its committed batch for aborted (``acks``)."""
+        pid, voters = self.hdr[H_ID], self.hdr[H_VOTERS]
+        return all(self.ctrl[self._ack_at[j]] == pid for j in range(self.size) if voters & (1 << j))
 
     def _missing(self) -> list[int]:
         voters = self.hdr[H_VOTERS]

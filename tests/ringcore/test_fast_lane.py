@@ -104,6 +104,25 @@ def test_a_waiter_learns_a_commit_made_by_another_thread(two_views):
         later.join()
 
 
+def test_with_acks_a_commit_holds_the_next_proposal_until_each_voter_has_seen_it(two_views):
+    """The host relay's rule (``acks``): a voter that went on after a commit must not open
+    the next proposal before a slower voter looked, or the slower one would find another
+    id in the header and take its committed batch for aborted (and send it again)."""
+    (a, b), hdr, _ = two_views
+    pid = a.propose(7)
+    assert b.propose(7) == pid and a.wait(pid)  # b has not looked yet
+    nxt = a.propose(8)
+    assert nxt is not None  # without acks the next one opens at once...
+    assert b.wait(pid) is False  # ...and b takes its commit for an abort
+    a.acks = b.acks = True
+    assert b.propose(8) == nxt and a.wait(nxt) and b.wait(nxt)
+    pid = a.propose(9)
+    assert pid is not None and b.propose(9) == pid and a.wait(pid)
+    assert a.propose(10) is None  # held: b has not seen the commit
+    assert b.wait(pid) is True  # which b still learns
+    assert a.propose(10) == pid + 1 and hdr[H_STATE] == OPEN
+
+
 # ---- real ranks -------------------------------------------------------------------------
 
 
@@ -749,3 +768,94 @@ def test_ranks_with_different_fusion_thresholds_fuse_the_lanes_batches_alike():
             assert sums == [float(sum(r + i + it for r in range(n))) for i in range(8)]
         assert out["thr"] == res[0]["thr"]  # rank 0's value on every rank
     assert all(out["fast"] > 0 for out in res)  # the later bursts took the lane
+
+
+# ---- across hosts: the host relay -------------------------------------------------------
+
+
+def _relay_worker() -> dict:
+    """Two faked hosts of two ranks: blocking ops (named, unnamed), async ops queued in
+    another order by each rank, a new op the two ranks of host a disagree on, and a rank
+    of host b late past its host's vote bound."""
+    import torch
+
+    import ringcore.torch as hvd
+    from ringcore.runtime import state as st
+
+    hvd.init()
+    try:
+        r = hvd.rank()
+        got: dict = {}
+        for it in range(6):
+            got[f"named/{it}"] = hvd.allreduce(
+                torch.full((300,), float(r + it)), name="w", op=hvd.Sum
+            ).tolist()
+            got[f"unnamed/{it}"] = hvd.allreduce(
+                torch.arange(5, dtype=torch.float64) * (r + 1) + it, op=hvd.Average
+            ).tolist()
+        names = [f"a.{j}" for j in range(4)]
+        order = names if r % 2 == 0 else names[::-1]
+        handles = {
+            nm: hvd.allreduce_async(torch.full((8,), float(r + int(nm[2:]))), name=nm, op=hvd.Sum)
+            for nm in order
+        }
+        for nm in names:
+            got[nm] = hvd.synchronize(handles[nm]).tolist()
+        try:
+            hvd.allreduce(torch.ones(4 + (r == 1)), name="bad", op=hvd.Sum)
+            got["bad"] = None
+        except Exception as exc:
+            got["bad"] = f"{type(exc).__name__}: {exc}"
+        if r == 3:
+            time.sleep(1.3)  # its host's peer gives up its vote and sends its own request
+        got["late"] = hvd.allreduce(torch.full((3,), float(r)), name="late", op=hvd.Sum).tolist()
+        eng, coord = st.current.engine, st.current.coordinator
+        return {
+            "got": got,
+            "relay": eng.relay_ranks,
+            "relayed": eng.stats["relayed"],
+            "fast": eng.stats["fast"],
+            "coord": dict(coord.stats) if coord is not None else None,
+        }
+    finally:
+        hvd.shutdown()
+
+
+def test_across_hosts_each_hosts_leader_sends_the_requests_its_ranks_agreed_on():
+    res = run_workers(_relay_worker, np=4, hosts=["a", "a", "b", "b"], timeout=180)
+    n = 4
+    for r, out in enumerate(res):
+        got = out["got"]
+        assert out["relay"] == ((0, 1) if r < 2 else (2, 3)) and out["fast"] == 0
+        for it in range(6):
+            assert got[f"named/{it}"] == [float(sum(q + it for q in range(n)))] * 300
+            mean = [sum(i * (q + 1) + it for q in range(n)) / n for i in range(5)]
+            assert got[f"unnamed/{it}"] == pytest.approx(mean)
+        for j in range(4):
+            assert got[f"a.{j}"] == [float(sum(q + j for q in range(n)))] * 8
+        # the coordinator still compares the requests field by field, on every rank
+        assert got["bad"] is not None and got["bad"].startswith("CollectiveMismatchError")
+        assert "shape" in got["bad"].lower()
+        assert got["late"] == [float(sum(range(n)))] * 3
+        # most blocking ops went through the host's leader (a vote a busy machine delays
+        # past its bound goes the rank's own way)
+        assert out["relayed"] >= 9, out
+    coord = res[0]["coord"]
+    assert coord["relayed_frames"] >= 9 and coord["request_frames"] > coord["relayed_frames"]
+
+
+def test_the_coordinator_refuses_a_batch_sent_for_ranks_the_sender_does_not_lead():
+    """A seam of ours: the coordinator's check of a relayed batch's ranks, on a stand-in
+    for its state (the job's size, and what an abort would tell every rank)."""
+    from types import SimpleNamespace
+
+    from ringcore.engine.coordinator import Coordinator
+
+    aborted: list[str] = []
+    job = SimpleNamespace(cfg=SimpleNamespace(size=4), _abort=aborted.append)
+    assert Coordinator._relayed_for(job, 2, (2, 3)) == (2, 3) and not aborted
+    assert Coordinator._relayed_for(job, 3, (2, 3)) == (2, 3) and not aborted
+    bad = [(2, (0, 1)), (2, (3, 2)), (2, (2, 3, 4)), (0, (0, "1")), (0, (0, True)), (0, ())]
+    for sender, ranks in bad:
+        assert Coordinator._relayed_for(job, sender, ranks) is None
+        assert f"rank {sender} sent requests for ranks" in aborted.pop()
