@@ -15,6 +15,7 @@ driver hands out and growing from one attempt to the next.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import sys
@@ -35,6 +36,8 @@ from ringcore import (
 )
 from ringcore.launch import (
     HOSTNAME_ENV_VAR,
+    STORE_ADDR_ENV_VAR,
+    STORE_PORT_ENV_VAR,
     LogConnection,
     connect_log,
     free_port,
@@ -172,6 +175,58 @@ def _task_environment(ctx: Any, spec: TaskSpec, rank: int, hosts: list[str]):
         os.environ.update(saved_env)
 
 
+#: the job store's keys of :func:`finish_together` (the store is this attempt's own)
+_ARRIVED, _GO, _LEFT = "ringtrain/finish/arrived", "ringtrain/finish/go", "ringtrain/finish/left"
+#: how long a task waits in :func:`finish_together` for its peers to finish their
+#: function: as long as Spark's own barrier would (a peer may train for days longer;
+#: a failed one gets this task killed by Spark)
+_FINISH_WAIT = datetime.timedelta(days=365)
+#: ... and how long it tries to reach the store (up when rank 0 is: it serves it)
+_FINISH_CONNECT = datetime.timedelta(seconds=60)
+
+
+def finish_together(rank: int, size: int) -> None:
+    """Return once every rank of this attempt has returned from its function: a barrier
+    through the attempt's store (rank 0's, ``RING_STORE_ADDR``), which answers within a
+    round trip, where ``BarrierTaskContext.barrier()`` takes a second at least (Spark
+    polls its barrier RPC once a second).
+
+    Each rank counts itself in; the last one in says go; each rank that saw go counts
+    itself out, and rank 0, whose process serves the store, returns only once every rank
+    is out, so no rank waits on a store that is gone. The store lost before go means rank
+    0 failed (or its host is unreachable): this task then fails too, after
+    ``SECONDARY_FAILURE_DELAY_S`` so that rank 0's failure is the one the driver
+    reports, and Spark reruns the whole stage, as it does when it kills this task for a
+    failed peer. Lost after go, it is of no concern: every rank arrived."""
+    import torch.distributed as dist
+
+    try:
+        store = dist.TCPStore(
+            os.environ[STORE_ADDR_ENV_VAR],
+            int(os.environ[STORE_PORT_ENV_VAR]),
+            size,
+            False,
+            timeout=_FINISH_CONNECT,
+            wait_for_workers=False,
+        )
+        store.set_timeout(_FINISH_WAIT)
+        if store.add(_ARRIVED, 1) == size:
+            store.set(_GO, "1")
+        store.wait([_GO])
+    except Exception as exc:  # any loss of the store fails the task alike
+        time.sleep(SECONDARY_FAILURE_DELAY_S)
+        raise RuntimeError(
+            f"rank {rank} returned, but lost the job's store (rank 0's) while it waited for "
+            f"the other ranks to return ({type(exc).__name__}: {exc}); rank 0 failed or "
+            "became unreachable, and Spark reruns the stage"
+        ) from None
+    with contextlib.suppress(Exception):
+        store.add(_LEFT, 1)
+        if rank == 0:
+            while store.add(_LEFT, 0) < size:
+                time.sleep(0.001)
+
+
 def make_barrier_task(payload: bytes, spec: TaskSpec):
     """The function given to ``RDD.barrier().mapPartitions``."""
 
@@ -193,12 +248,13 @@ def make_barrier_task(payload: bytes, spec: TaskSpec):
                     time.sleep(SECONDARY_FAILURE_DELAY_S)
                 err = WorkerError.from_exception(rank, host, exc)
                 raise RuntimeError(task_failure_text(err, spec.secret, conn)) from None
-        if spec.all_or_none:
-            # A retried barrier stage reruns only the partitions with no output: a task
-            # that succeeded just after a peer failed would leave the rerun one task short,
-            # its first allGather waiting for ever. Wait here until every task has done;
-            # when a peer fails instead, Spark kills this task and reruns them all.
-            ctx.barrier()
+            if spec.all_or_none:
+                # A retried barrier stage reruns only the partitions with no output: a task
+                # that succeeded just after a peer failed would leave the rerun one task
+                # short, its first allGather waiting for ever. Wait here until every task
+                # has done; when a peer fails instead, Spark kills this task and reruns
+                # them all.
+                finish_together(rank, spec.num_proc)
         yield cloudpickle.dumps((rank, result))
 
     return task

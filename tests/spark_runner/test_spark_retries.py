@@ -87,3 +87,79 @@ def test_on_a_cluster_master_an_unset_max_failures_still_retries_the_stage(tmp_p
     got = json.loads(lines[-1][len("RESULT ") :])
     assert got == {"unset": True, "results": [1, 1]}  # both ranks ran again, as attempt 1
     record(request, note="spark.task.maxFailures unset; the retried stage ran as attempt 1")
+
+
+# ---- the all-or-none finish, through the attempt's store -------------------------------
+
+
+@pytest.fixture
+def job_store(monkeypatch):
+    """The attempt's store as rank 0's process serves it, on loopback; the task's
+    environment names it, as ``_ring_env`` does."""
+    import datetime
+
+    import torch.distributed as dist
+
+    server = dist.TCPStore(
+        "127.0.0.1", 0, 3, True, timeout=datetime.timedelta(seconds=30), wait_for_workers=False
+    )
+    monkeypatch.setenv("RING_STORE_ADDR", "127.0.0.1")
+    monkeypatch.setenv("RING_STORE_PORT", str(server.port))
+    return [server]
+
+
+def test_finish_together_returns_on_every_rank_only_once_the_last_rank_returned(job_store):
+    """What replaced ``BarrierTaskContext.barrier()`` (a second at least) under retries:
+    no rank's task may succeed before every rank's function has returned."""
+    import threading
+    import time
+
+    from spark_runner._task import finish_together
+
+    arrived: dict[int, float] = {}
+    returned: dict[int, float] = {}
+
+    def rank(r: int, late_s: float) -> None:
+        time.sleep(late_s)
+        arrived[r] = time.monotonic()
+        finish_together(r, 3)
+        returned[r] = time.monotonic()
+
+    threads = [threading.Thread(target=rank, args=(r, 0.3 if r == 2 else 0.0)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(returned) == [0, 1, 2]
+    assert all(returned[r] >= arrived[2] for r in range(3))  # none left before the last came
+
+
+def test_finish_together_fails_the_task_when_rank_0s_store_goes_before_every_rank_came(
+    job_store, monkeypatch
+):
+    """Rank 0 failed (its process drops the store it serves) while this rank waited: this
+    task fails too, naming why, so that Spark reruns the whole stage."""
+    import gc
+    import threading
+
+    from spark_runner import _task
+
+    monkeypatch.setattr(_task, "SECONDARY_FAILURE_DELAY_S", 0.0)
+    errors: list[str] = []
+
+    def rank_1() -> None:
+        try:
+            _task.finish_together(1, 3)
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    t = threading.Thread(target=rank_1)
+    t.start()
+    t.join(0.5)
+    assert t.is_alive()  # waiting for ranks 0 and 2
+    job_store.clear()  # rank 0's process ends: its store is gone
+    gc.collect()
+    t.join(30)
+    assert not t.is_alive() and len(errors) == 1
+    assert errors[0].startswith("rank 1 returned, but lost the job's store (rank 0's)")
+    assert "Spark reruns the stage" in errors[0]
