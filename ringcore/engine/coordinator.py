@@ -79,9 +79,9 @@ class Coordinator(Negotiation):
         self.cache: dict[int, Request] = {}
         self.cache_ids: dict[tuple[int, str], int] = {}
         self.announced: set[int] = set()  # cache ids every rank has seen in a full entry
-        #: how requests arrived: frames read, and those of them one rank sent for
-        #: its host (the host relay); ops whose requests agreed by their cache id alone / after
-        #: the field-by-field comparison (tests and bench read it)
+        #: how requests arrived: frames read, and those of them one rank sent for its
+        #: host (the host relay); ops whose requests agreed by their cache id alone /
+        #: after the field-by-field comparison (tests and bench read it)
         self.stats = {
             "agreed_by_id": 0,
             "agreed_by_fields": 0,

@@ -45,9 +45,9 @@ joined that op's shared-memory rounds, so a waiter that finds another proposal's
 the header knows its own was aborted.
 
 **Across hosts** (the engine's host relay) a committed batch is not run by its voters
-but sent to the coordinator by the rank whose vote committed it, and the engine threads run it when
-the response comes; a voter may then look at the header only after its peers ran the
-batch and opened the next proposal. With ``acks`` set (on every rank of the host alike),
+but sent to the coordinator by the rank whose vote committed it, and the engine threads
+run it when the response comes; a voter may then look at the header only after its
+peers ran the batch and opened the next proposal. With ``acks`` set (on every rank of the host alike),
 each voter writes the id of the commit it saw in its own control line (``ACK``), and no
 proposal opens while a voter of the committed one in the header has not: a waiter that
 finds another id there still knows its own was aborted.
