@@ -176,7 +176,8 @@ def _task_environment(ctx: Any, spec: TaskSpec, rank: int, hosts: list[str]):
 
 
 #: the job store's keys of :func:`finish_together` (the store is this attempt's own)
-_ARRIVED, _GO, _LEFT = "ringtrain/finish/arrived", "ringtrain/finish/go", "ringtrain/finish/left"
+_ARRIVED, _GO = "ringtrain/finish/arrived", "ringtrain/finish/go"
+_LEFT, _ALL_LEFT = "ringtrain/finish/left", "ringtrain/finish/all-left"
 #: how long a task waits in :func:`finish_together` for its peers to finish their
 #: function: as long as Spark's own barrier would (a peer may train for days longer;
 #: a failed one gets this task killed by Spark)
@@ -192,8 +193,8 @@ def finish_together(rank: int, size: int) -> None:
     polls its barrier RPC once a second).
 
     Each rank counts itself in; the last one in says go; each rank that saw go counts
-    itself out, and rank 0, whose process serves the store, returns only once every rank
-    is out, so no rank waits on a store that is gone. The store lost before go means rank
+    itself out, the last one out says so, and rank 0, whose process serves the store,
+    returns only then, so no rank waits on a store that is gone. The store lost before go means rank
     0 failed (or its host is unreachable): this task then fails too, after
     ``SECONDARY_FAILURE_DELAY_S`` so that rank 0's failure is the one the driver
     reports, and Spark reruns the whole stage, as it does when it kills this task for a
@@ -221,10 +222,10 @@ def finish_together(rank: int, size: int) -> None:
             "became unreachable, and Spark reruns the stage"
         ) from None
     with contextlib.suppress(Exception):
-        store.add(_LEFT, 1)
+        if store.add(_LEFT, 1) == size:
+            store.set(_ALL_LEFT, "1")
         if rank == 0:
-            while store.add(_LEFT, 0) < size:
-                time.sleep(0.001)
+            store.wait([_ALL_LEFT])
 
 
 def make_barrier_task(payload: bytes, spec: TaskSpec):
